@@ -1,0 +1,180 @@
+#include "node.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <string>
+#include <unordered_set>
+
+#include "error.h"
+
+namespace kiln {
+namespace {
+
+std::atomic<int64_t> g_live_nodes{0};
+std::atomic<uint64_t> g_next_id{0};
+
+struct OpTraits {
+  std::string_view name;
+  OpFamily family;
+  int arity;
+};
+
+constexpr OpTraits kOpTraits[] = {
+#define KILN_X(id, name, family, arity) {name, OpFamily::family, arity},
+    KILN_META_OPS(KILN_X)
+#undef KILN_X
+};
+
+struct ExecutorEntry {
+  const char* name;
+  int priority;
+  ExecutorFn fn;
+};
+
+struct ExecutorRegistry {
+  std::mutex mutex;
+  std::vector<ExecutorEntry> entries;
+  std::string forced;  // set_executor() or KILN_EXECUTOR
+};
+
+ExecutorRegistry& registry() {
+  // Leaked on purpose: executors may run while other statics are being destroyed.
+  static ExecutorRegistry* r = [] {
+    auto* reg = new ExecutorRegistry;
+    if (const char* env = std::getenv("KILN_EXECUTOR")) reg->forced = env;
+    return reg;
+  }();
+  return *r;
+}
+
+ExecutorFn select_executor(std::string* chosen) {
+  ExecutorRegistry& r = registry();
+  std::lock_guard lock(r.mutex);
+  const ExecutorEntry* best = nullptr;
+  for (const ExecutorEntry& e : r.entries) {
+    if (!r.forced.empty()) {
+      if (r.forced == e.name) best = &e;
+    } else if (best == nullptr || e.priority > best->priority) {
+      best = &e;
+    }
+  }
+  if (best == nullptr) {
+    std::string known;
+    for (const ExecutorEntry& e : r.entries) known += std::string(known.empty() ? "" : ", ") + e.name;
+    throw ValueError("[eval] no executor named '" + r.forced + "'; available: " + known);
+  }
+  if (chosen) *chosen = best->name;
+  return best->fn;
+}
+
+// Evaluations touch shared graph state (buffers, edges) of possibly overlapping graphs, so
+// they are serialized; building ops concurrently stays lock-free.
+std::recursive_mutex g_eval_mutex;
+
+}  // namespace
+
+std::string_view op_name(OpCode op) { return kOpTraits[static_cast<int>(op)].name; }
+OpFamily op_family(OpCode op) { return kOpTraits[static_cast<int>(op)].family; }
+int op_arity(OpCode op) { return kOpTraits[static_cast<int>(op)].arity; }
+
+std::string_view reduce_name(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::Sum: return "sum";
+    case ReduceOp::Prod: return "prod";
+    case ReduceOp::Max: return "max";
+    case ReduceOp::Min: return "min";
+    case ReduceOp::And: return "and";
+    case ReduceOp::Or: break;
+  }
+  return "or";
+}
+
+Node::Node(OpCode op_, std::vector<NodePtr> inputs_, Shape shape_, DType dtype_, Device device_)
+    : op(op_),
+      dtype(dtype_),
+      device(device_),
+      shape(std::move(shape_)),
+      inputs(std::move(inputs_)),
+      id(g_next_id.fetch_add(1, std::memory_order_relaxed)) {
+  g_live_nodes.fetch_add(1, std::memory_order_relaxed);
+}
+
+Node::~Node() {
+  g_live_nodes.fetch_sub(1, std::memory_order_relaxed);
+  // Release long chains iteratively: recursive destruction of a 100k-node unevaluated
+  // graph would overflow the stack.
+  std::vector<NodePtr> pending = std::move(inputs);
+  while (!pending.empty()) {
+    NodePtr n = std::move(pending.back());
+    pending.pop_back();
+    if (n && n.use_count() == 1) {
+      for (NodePtr& in : n->inputs) pending.push_back(std::move(in));
+      n->inputs.clear();
+    }
+  }
+}
+
+int64_t Node::live_count() { return g_live_nodes.load(std::memory_order_relaxed); }
+
+void register_executor(const char* name, int priority, ExecutorFn fn) {
+  ExecutorRegistry& r = registry();
+  std::lock_guard lock(r.mutex);
+  r.entries.push_back({name, priority, fn});
+}
+
+const char* current_executor() {
+  std::string chosen;
+  select_executor(&chosen);
+  ExecutorRegistry& r = registry();
+  std::lock_guard lock(r.mutex);
+  for (const ExecutorEntry& e : r.entries)
+    if (chosen == e.name) return e.name;
+  return "";
+}
+
+void set_executor(const char* name) {
+  ExecutorRegistry& r = registry();
+  std::lock_guard lock(r.mutex);
+  r.forced = name ? name : "";
+}
+
+std::vector<Node*> pending_subgraph(const std::vector<Node*>& roots) {
+  std::vector<Node*> order;
+  std::unordered_set<Node*> seen;
+  // Iterative post-order DFS: graphs can be deeper than the stack allows recursion.
+  std::vector<std::pair<Node*, size_t>> stack;
+  for (Node* root : roots) {
+    if (root == nullptr || root->is_evaluated() || !seen.insert(root).second) continue;
+    stack.push_back({root, 0});
+    while (!stack.empty()) {
+      auto& [node, next] = stack.back();
+      if (next < node->inputs.size()) {
+        Node* in = node->inputs[next++].get();
+        if (!in->is_evaluated() && seen.insert(in).second) stack.push_back({in, 0});
+      } else {
+        order.push_back(node);
+        stack.pop_back();
+      }
+    }
+  }
+  return order;
+}
+
+void evaluate_nodes(const std::vector<Node*>& nodes) {
+  std::lock_guard lock(g_eval_mutex);
+  std::vector<Node*> schedule = pending_subgraph(nodes);
+  if (schedule.empty()) return;
+  std::vector<Node*> requested;
+  for (Node* n : nodes)
+    if (n != nullptr && !n->is_evaluated()) requested.push_back(n);
+  ExecutorFn fn = select_executor(nullptr);
+  fn(schedule, requested);
+  for (Node* n : schedule) {
+    // A value now stands for its whole history: drop the edges so that graphs of earlier
+    // steps are freed once no handle refers to them.
+    if (n->is_evaluated()) n->inputs.clear();
+  }
+}
+
+}  // namespace kiln

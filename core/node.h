@@ -1,0 +1,91 @@
+#pragma once
+// A node of the lazy graph: one meta-op application with its inputs, output shape, dtype,
+// device, attributes and, once evaluated, its buffer. Nodes are built only through ops/,
+// which validates them; core just holds and walks them.
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "allocator.h"
+#include "device.h"
+#include "dtype.h"
+#include "index_expr.h"
+#include "op_code.h"
+#include "scalar.h"
+#include "shape.h"
+
+namespace kiln {
+
+struct Node;
+using NodePtr = std::shared_ptr<Node>;
+
+/// One meta-op application. Attributes not used by an op keep their defaults.
+struct Node {
+  Node(OpCode op, std::vector<NodePtr> inputs, Shape shape, DType dtype, Device device);
+  ~Node();
+  Node(const Node&) = delete;
+  Node& operator=(const Node&) = delete;
+
+  OpCode op;
+  DType dtype;
+  Device device;
+  Shape shape;
+  std::vector<NodePtr> inputs;
+
+  // --- attributes ---
+  /// Full: the value. Reindex: the fill for out-of-range coordinates.
+  Scalar scalar;
+  /// Reindex: input coordinates as functions of output coordinates (one per input dim).
+  /// ReindexReduce: output coordinates as functions of input coordinates (one per out dim).
+  std::vector<IndexExpr> index_map;
+  /// ReindexReduce: the combining operator.
+  ReduceOp reduce = ReduceOp::Sum;
+  /// Reindex/ReindexReduce: an out-of-range coordinate computed from an index tensor read
+  /// raises IndexError (gather, scatter) instead of giving the fill / being skipped.
+  bool check_indices = false;
+  /// Iota: the dimension whose coordinate is the value.
+  int axis = 0;
+  /// RandUniform/RandNormal: the generator state the values are a pure function of.
+  uint64_t seed = 0, offset = 0;
+  /// Full: a C++ number used as an operand; it promotes like a Python scalar ("weak").
+  bool weak_scalar = false;
+  /// The user-level op that created this node ("softmax", "matmul"), for messages and dumps.
+  const char* origin = nullptr;
+
+  // --- state ---
+  /// The value, once evaluated. Constants are created with one and never lose it.
+  std::shared_ptr<Buffer> buffer;
+  /// Number of user-visible Tensor handles; evaluation keeps values that users still hold.
+  std::atomic<int32_t> handles{0};
+  /// Creation order, unique per process; names nodes in dumps.
+  const uint64_t id;
+
+  bool is_evaluated() const { return buffer != nullptr; }
+  int64_t numel() const { return kiln::numel(shape); }
+  size_t nbytes() const { return static_cast<size_t>(numel()) * itemsize(dtype); }
+
+  /// Number of Node objects alive in the process (graph lifetime tests watch this).
+  static int64_t live_count();
+};
+
+/// Runs the graph: given pending nodes in topological order and the subset requested, it
+/// must attach a buffer to every requested node, and should also keep values that have
+/// user handles. Registered by ops/ (reference evaluator) and jit/.
+using ExecutorFn = void (*)(const std::vector<Node*>& schedule, const std::vector<Node*>& requested);
+
+/// Registers an executor under `name` ("reference", "jit"); higher priority wins by default.
+void register_executor(const char* name, int priority, ExecutorFn fn);
+/// The executor in use: `KILN_EXECUTOR` if set, else the registered one of highest priority.
+const char* current_executor();
+/// Overrides the executor for this process (tests use it to compare executors).
+void set_executor(const char* name);
+
+/// Evaluates the given nodes: runs the pending subgraph, then drops the input edges of
+/// every node that now holds a value so that earlier graphs are freed.
+void evaluate_nodes(const std::vector<Node*>& nodes);
+
+/// Pending nodes (no buffer) reachable from `roots`, inputs before users.
+std::vector<Node*> pending_subgraph(const std::vector<Node*>& roots);
+
+}  // namespace kiln

@@ -1,0 +1,29 @@
+#pragma once
+// Shapes, numpy broadcasting and axis normalisation. Checks throw with the op's name so
+// every caller reports errors the same way.
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace kiln {
+
+/// Sizes of each dimension, outermost first. Rank 0 is a scalar; zero sizes are allowed.
+using Shape = std::vector<int64_t>;
+
+/// Number of elements (1 for rank 0, 0 when any dimension is 0).
+int64_t numel(const Shape& shape);
+/// "[2, 3]", "[]" for rank 0.
+std::string shape_str(const Shape& shape);
+/// Row-major element strides of a contiguous buffer of this shape.
+std::vector<int64_t> contiguous_strides(const Shape& shape);
+/// numpy broadcasting of two shapes; throws ShapeError naming `op` and both shapes.
+Shape broadcast_shapes(std::string_view op, const Shape& a, const Shape& b);
+/// Maps a possibly negative axis into [0, rank); throws ShapeError naming `op` and `shape`.
+int normalize_axis(std::string_view op, int64_t axis, const Shape& shape);
+/// Like normalize_axis for a position in [0, rank] (where unsqueeze/stack may insert).
+int normalize_insert_axis(std::string_view op, int64_t axis, const Shape& shape);
+/// Throws ValueError naming `op` if any size is negative.
+void check_sizes(std::string_view op, const Shape& shape);
+
+}  // namespace kiln

@@ -1,0 +1,123 @@
+#pragma once
+// The user-facing handle to a lazy value. Building ops returns Tensors without running
+// anything; reading a value (item, to_vector, data, printing) evaluates what is pending.
+#include <initializer_list>
+#include <iosfwd>
+#include <string>
+#include <vector>
+
+#include "error.h"
+#include "node.h"
+
+namespace kiln {
+
+/// A reference-counted handle to a graph node. Copies share the node.
+class Tensor {
+ public:
+  /// An undefined tensor; most operations on it throw ValueError.
+  Tensor() = default;
+  /// Wraps a node (ops/ builds nodes; users normally never call this).
+  explicit Tensor(NodePtr node);
+  Tensor(const Tensor& other);
+  Tensor(Tensor&& other) noexcept;
+  Tensor& operator=(const Tensor& other);
+  Tensor& operator=(Tensor&& other) noexcept;
+  ~Tensor();
+
+  bool defined() const { return node_ != nullptr; }
+  const Shape& shape() const;
+  /// Number of dimensions.
+  int ndim() const { return static_cast<int>(shape().size()); }
+  /// Size of `axis` (negative counts from the end).
+  int64_t size(int64_t axis) const;
+  int64_t numel() const { return kiln::numel(shape()); }
+  DType dtype() const;
+  Device device() const;
+  /// True once the value is computed (constants always are).
+  bool is_evaluated() const { return node_ && node_->is_evaluated(); }
+
+  /// Computes the value now (and the values of other held tensors it shares work with).
+  const Tensor& eval() const;
+  /// The single element converted to T; throws ValueError unless numel() == 1.
+  template <typename T>
+  T item() const;
+  /// All elements, row-major, converted to T.
+  template <typename T>
+  std::vector<T> to_vector() const;
+  /// Pointer to the row-major elements; T must be exactly the tensor's dtype.
+  template <typename T>
+  const T* data() const;
+  /// Pointer to the row-major elements after evaluation.
+  const void* raw_data() const;
+
+  /// PyTorch-style text: values (summarised past 1000 elements), shape and dtype.
+  std::string str() const;
+  /// The graph node behind the handle.
+  const NodePtr& node() const { return node_; }
+
+ private:
+  const Node& checked(const char* what) const;
+  NodePtr node_;
+};
+
+/// Evaluates several tensors together, sharing their common work.
+void eval(const std::vector<Tensor>& tensors);
+/// Evaluates several tensors together, sharing their common work.
+void eval(std::initializer_list<Tensor> tensors);
+/// Prints Tensor::str().
+std::ostream& operator<<(std::ostream& os, const Tensor& t);
+
+namespace detail {
+/// Reads element `i` of a buffer of `dtype` as double / int64 (the two exact carriers).
+double load_as_double(const void* data, DType dtype, int64_t i);
+int64_t load_as_int64(const void* data, DType dtype, int64_t i);
+/// Writes element `i` from a double: rounds to nearest for floats; for integers truncates
+/// toward zero, saturating at the type's range, NaN giving 0; bool is `v != 0`.
+void store_double(void* data, DType dtype, int64_t i, double v);
+/// Writes element `i` from an int64: integers wrap (two's complement), bool is `v != 0`.
+void store_int64(void* data, DType dtype, int64_t i, int64_t v);
+/// Writes element `i` from a Scalar with the conversions above.
+void store_scalar(void* data, DType dtype, int64_t i, const Scalar& v);
+}  // namespace detail
+
+template <typename T>
+std::vector<T> Tensor::to_vector() const {
+  eval();
+  const Node& n = *node_;
+  const void* p = n.buffer->data();
+  std::vector<T> out(static_cast<size_t>(n.numel()));
+  bool exact_int = !is_floating(n.dtype);
+  for (size_t i = 0; i < out.size(); ++i) {
+    if constexpr (std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>) {
+      out[i] = T(static_cast<float>(detail::load_as_double(p, n.dtype, static_cast<int64_t>(i))));
+    } else if (exact_int) {
+      out[i] = static_cast<T>(detail::load_as_int64(p, n.dtype, static_cast<int64_t>(i)));
+    } else {
+      out[i] = static_cast<T>(detail::load_as_double(p, n.dtype, static_cast<int64_t>(i)));
+    }
+  }
+  return out;
+}
+
+template <typename T>
+T Tensor::item() const {
+  const Node& n = checked("item");
+  if (n.numel() != 1) {
+    throw ValueError("[item] expected a tensor with one element, got shape " +
+                     shape_str(n.shape));
+  }
+  return to_vector<T>()[0];
+}
+
+template <typename T>
+const T* Tensor::data() const {
+  const Node& n = checked("data");
+  if (dtype_of<T>() != n.dtype) {
+    throw DTypeError(std::string("[data] requested element type ") +
+                     std::string(dtype_name(dtype_of<T>())) + " but the tensor's dtype is " +
+                     std::string(dtype_name(n.dtype)) + "; use to_vector<T>() to convert");
+  }
+  return static_cast<const T*>(raw_data());
+}
+
+}  // namespace kiln

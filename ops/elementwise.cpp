@@ -1,0 +1,308 @@
+// Elementwise ops: one table row per op (operand rule, result rule, reference semantics in
+// double and in int64, C expression for the printers), and the builder that applies
+// broadcasting and PyTorch promotion before creating the node.
+#include "elementwise.h"
+
+#include <cmath>
+#include <limits>
+
+#include "reindex.h"
+#include "sources.h"
+
+namespace kiln {
+namespace {
+
+using A = ElementwiseDef::Accepts;
+using R = ElementwiseDef::Result;
+
+// Integer arithmetic wraps like the stored two's complement types; going through uint64
+// keeps the reference free of signed-overflow UB.
+int64_t wrap_add(int64_t a, int64_t b) { return static_cast<int64_t>(static_cast<uint64_t>(a) + static_cast<uint64_t>(b)); }
+int64_t wrap_sub(int64_t a, int64_t b) { return static_cast<int64_t>(static_cast<uint64_t>(a) - static_cast<uint64_t>(b)); }
+int64_t wrap_mul(int64_t a, int64_t b) { return static_cast<int64_t>(static_cast<uint64_t>(a) * static_cast<uint64_t>(b)); }
+
+int64_t int_floordiv(int64_t a, int64_t b) {
+  if (b == 0) return 0;  // numpy's answer; a kernel cannot raise per element
+  if (b == -1) return wrap_sub(0, a);
+  return floordiv_i64(a, b);
+}
+int64_t int_mod(int64_t a, int64_t b) {
+  if (b == 0 || b == -1) return 0;
+  return floormod_i64(a, b);
+}
+int64_t int_pow(int64_t base, int64_t e) {
+  if (e < 0) return base == 1 ? 1 : base == -1 ? (e % 2 == 0 ? 1 : -1) : 0;
+  uint64_t result = 1, b = static_cast<uint64_t>(base);
+  while (e > 0) {
+    if (e & 1) result *= b;
+    b *= b;
+    e >>= 1;
+  }
+  return static_cast<int64_t>(result);
+}
+
+// Python's float floor division: exact where floor(a / b) would round wrongly.
+double float_floordiv(double a, double b) {
+  if (b == 0.0) return a / b;
+  double m = std::fmod(a, b);
+  double div = (a - m) / b;
+  if (m != 0.0 && ((b < 0) != (m < 0))) div -= 1.0;
+  if (div == 0.0) return std::copysign(0.0, a / b);
+  double fl = std::floor(div);
+  if (div - fl > 0.5) fl += 1.0;
+  return fl;
+}
+double float_mod(double a, double b) {
+  double r = std::fmod(a, b);
+  if (r != 0.0 && ((r < 0) != (b < 0))) r += b;
+  return r;
+}
+double nan_max(double a, double b) { return std::isnan(a) || std::isnan(b) ? NAN : (a > b ? a : b); }
+double nan_min(double a, double b) { return std::isnan(a) || std::isnan(b) ? NAN : (a < b ? a : b); }
+double float_sign(double a) { return std::isnan(a) ? a : static_cast<double>((a > 0) - (a < 0)); }
+
+#define F1(body) [](double a, double, double) -> double { return body; }
+#define F2(body) [](double a, double b, double) -> double { return body; }
+#define I1(body) [](int64_t a, int64_t, int64_t) -> int64_t { return body; }
+#define I2(body) [](int64_t a, int64_t b, int64_t) -> int64_t { return body; }
+
+// clang-format off
+const ElementwiseDef kDefs[] = {
+  {OpCode::Neg,        A::NotBool,       R::SameAsOperands, F1(-a),                 I1(wrap_sub(0, a)),          "(-a)"},
+  {OpCode::Abs,        A::Any,           R::SameAsOperands, F1(std::fabs(a)),       I1(a < 0 ? wrap_sub(0, a) : a), "abs(a)"},
+  {OpCode::Sign,       A::Any,           R::SameAsOperands, F1(float_sign(a)),      I1((a > 0) - (a < 0)),       "sign(a)"},
+  {OpCode::Exp,        A::Any,           R::Floating,       F1(std::exp(a)),        nullptr,                     "exp(a)"},
+  {OpCode::Exp2,       A::Any,           R::Floating,       F1(std::exp2(a)),       nullptr,                     "exp2(a)"},
+  {OpCode::Log,        A::Any,           R::Floating,       F1(std::log(a)),        nullptr,                     "log(a)"},
+  {OpCode::Log2,       A::Any,           R::Floating,       F1(std::log2(a)),       nullptr,                     "log2(a)"},
+  {OpCode::Log1p,      A::Any,           R::Floating,       F1(std::log1p(a)),      nullptr,                     "log1p(a)"},
+  {OpCode::Expm1,      A::Any,           R::Floating,       F1(std::expm1(a)),      nullptr,                     "expm1(a)"},
+  {OpCode::Sqrt,       A::Any,           R::Floating,       F1(std::sqrt(a)),       nullptr,                     "sqrt(a)"},
+  {OpCode::Rsqrt,      A::Any,           R::Floating,       F1(1.0 / std::sqrt(a)), nullptr,                     "(1 / sqrt(a))"},
+  {OpCode::Reciprocal, A::Any,           R::Floating,       F1(1.0 / a),            nullptr,                     "(1 / a)"},
+  {OpCode::Sin,        A::Any,           R::Floating,       F1(std::sin(a)),        nullptr,                     "sin(a)"},
+  {OpCode::Cos,        A::Any,           R::Floating,       F1(std::cos(a)),        nullptr,                     "cos(a)"},
+  {OpCode::Tan,        A::Any,           R::Floating,       F1(std::tan(a)),        nullptr,                     "tan(a)"},
+  {OpCode::Tanh,       A::Any,           R::Floating,       F1(std::tanh(a)),       nullptr,                     "tanh(a)"},
+  {OpCode::Sigmoid,    A::Any,           R::Floating,       F1(1.0 / (1.0 + std::exp(-a))), nullptr,             "(1 / (1 + exp(-a)))"},
+  {OpCode::Erf,        A::Any,           R::Floating,       F1(std::erf(a)),        nullptr,                     "erf(a)"},
+  {OpCode::Floor,      A::NotBool,       R::SameAsOperands, F1(std::floor(a)),      I1(a),                       "floor(a)"},
+  {OpCode::Ceil,       A::NotBool,       R::SameAsOperands, F1(std::ceil(a)),       I1(a),                       "ceil(a)"},
+  {OpCode::Round,      A::NotBool,       R::SameAsOperands, F1(std::nearbyint(a)),  I1(a),                       "nearbyint(a)"},
+  {OpCode::Trunc,      A::NotBool,       R::SameAsOperands, F1(std::trunc(a)),      I1(a),                       "trunc(a)"},
+  {OpCode::LogicalNot, A::Any,           R::Bool,           F1(a == 0.0),           I1(a == 0),                  "(a == 0)"},
+  {OpCode::BitwiseNot, A::IntegerOrBool, R::SameAsOperands, nullptr,                I1(~a),                      "(~a)"},
+  {OpCode::Add,        A::Any,           R::SameAsOperands, F2(a + b),              I2(wrap_add(a, b)),          "(a + b)"},
+  {OpCode::Sub,        A::NotBool,       R::SameAsOperands, F2(a - b),              I2(wrap_sub(a, b)),          "(a - b)"},
+  {OpCode::Mul,        A::Any,           R::SameAsOperands, F2(a * b),              I2(wrap_mul(a, b)),          "(a * b)"},
+  {OpCode::Div,        A::Any,           R::Floating,       F2(a / b),              nullptr,                     "(a / b)"},
+  {OpCode::FloorDiv,   A::NotBool,       R::SameAsOperands, F2(float_floordiv(a, b)), I2(int_floordiv(a, b)),    "floor_div(a, b)"},
+  {OpCode::Mod,        A::NotBool,       R::SameAsOperands, F2(float_mod(a, b)),    I2(int_mod(a, b)),           "floor_mod(a, b)"},
+  {OpCode::Pow,        A::NotBool,       R::SameAsOperands, F2(std::pow(a, b)),     I2(int_pow(a, b)),           "pow(a, b)"},
+  {OpCode::Maximum,    A::Any,           R::SameAsOperands, F2(nan_max(a, b)),      I2(a > b ? a : b),           "nan_max(a, b)"},
+  {OpCode::Minimum,    A::Any,           R::SameAsOperands, F2(nan_min(a, b)),      I2(a < b ? a : b),           "nan_min(a, b)"},
+  {OpCode::Eq,         A::Any,           R::Bool,           F2(a == b),             I2(a == b),                  "(a == b)"},
+  {OpCode::Ne,         A::Any,           R::Bool,           F2(a != b),             I2(a != b),                  "(a != b)"},
+  {OpCode::Lt,         A::Any,           R::Bool,           F2(a < b),              I2(a < b),                   "(a < b)"},
+  {OpCode::Le,         A::Any,           R::Bool,           F2(a <= b),             I2(a <= b),                  "(a <= b)"},
+  {OpCode::Gt,         A::Any,           R::Bool,           F2(a > b),              I2(a > b),                   "(a > b)"},
+  {OpCode::Ge,         A::Any,           R::Bool,           F2(a >= b),             I2(a >= b),                  "(a >= b)"},
+  {OpCode::LogicalAnd, A::Any,           R::Bool,           F2(a != 0.0 && b != 0.0), I2(a != 0 && b != 0),      "(a != 0 && b != 0)"},
+  {OpCode::LogicalOr,  A::Any,           R::Bool,           F2(a != 0.0 || b != 0.0), I2(a != 0 || b != 0),      "(a != 0 || b != 0)"},
+  {OpCode::LogicalXor, A::Any,           R::Bool,           F2((a != 0.0) != (b != 0.0)), I2((a != 0) != (b != 0)), "((a != 0) != (b != 0))"},
+  {OpCode::BitwiseAnd, A::IntegerOrBool, R::SameAsOperands, nullptr,                I2(a & b),                   "(a & b)"},
+  {OpCode::BitwiseOr,  A::IntegerOrBool, R::SameAsOperands, nullptr,                I2(a | b),                   "(a | b)"},
+  {OpCode::BitwiseXor, A::IntegerOrBool, R::SameAsOperands, nullptr,                I2(a ^ b),                   "(a ^ b)"},
+  {OpCode::Where,      A::Any,           R::SameAsOperands,
+       [](double c, double a, double b) -> double { return c != 0.0 ? a : b; },
+       [](int64_t c, int64_t a, int64_t b) -> int64_t { return c != 0 ? a : b; },     "(c ? a : b)"},
+};
+// clang-format on
+
+#undef F1
+#undef F2
+#undef I1
+#undef I2
+
+std::string names_of(const std::vector<Tensor>& inputs) {
+  std::string s;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    s += (i ? ", " : "") + std::string(dtype_name(inputs[i].dtype())) + shape_str(inputs[i].shape());
+  }
+  return s;
+}
+
+// Brings an operand to the op's dtype and shape. A weak scalar or other unevaluated fill
+// is rebuilt directly at the target dtype and shape instead of being cast and broadcast.
+Tensor conform(const Tensor& x, DType dtype, const Shape& shape, const char* origin) {
+  const Node& n = *x.node();
+  if (n.op == OpCode::Full && !n.is_evaluated()) {
+    return full(shape, n.scalar, dtype, n.device);
+  }
+  Tensor t = x.dtype() == dtype ? x : cast(x, dtype);
+  return t.shape() == shape ? t : broadcast_to(t, shape, origin);
+}
+
+}  // namespace
+
+const ElementwiseDef& elementwise_def(OpCode op) {
+  static const auto* table = [] {
+    auto* t = new const ElementwiseDef*[256]();
+    for (const ElementwiseDef& d : kDefs) t[static_cast<int>(d.op)] = &d;
+    return t;
+  }();
+  const ElementwiseDef* d = table[static_cast<int>(op)];
+  if (d == nullptr) throw ValueError("[elementwise] " + std::string(op_name(op)) + " is not an elementwise op with a table row");
+  return *d;
+}
+
+Tensor scalar_tensor(const Scalar& value) {
+  Tensor t = full({}, value, value.category_dtype());
+  t.node()->weak_scalar = true;
+  return t;
+}
+
+Tensor elementwise(OpCode op, const std::vector<Tensor>& inputs, const char* origin) {
+  const ElementwiseDef& def = elementwise_def(op);
+  const char* name = origin ? origin : op_name(op).data();
+  for (const Tensor& t : inputs) {
+    if (!t.defined()) throw ValueError("[" + std::string(name) + "] an input tensor is undefined");
+  }
+  Device device = inputs[0].device();
+  for (const Tensor& t : inputs) {
+    if (t.device() != device) {
+      throw DeviceError("[" + std::string(name) + "] inputs are on different devices (" +
+                        device.str() + " and " + t.device().str() + "); move them with to()");
+    }
+  }
+  // `where` promotes its two value operands; its condition must be bool.
+  size_t first = op == OpCode::Where ? 1 : 0;
+  if (op == OpCode::Where && inputs[0].dtype() != DType::Bool) {
+    throw DTypeError("[" + std::string(name) + "] condition must be bool, got " +
+                     std::string(dtype_name(inputs[0].dtype())) + shape_str(inputs[0].shape()));
+  }
+  ResultType rt;
+  for (size_t i = first; i < inputs.size(); ++i) {
+    const Node& n = *inputs[i].node();
+    if (n.weak_scalar) rt.add_scalar(n.dtype);
+    else rt.add_tensor(n.dtype, static_cast<int>(n.shape.size()));
+  }
+  DType operand = rt.result();
+  if (def.accepts == A::IntegerOrBool && is_floating(operand)) {
+    throw DTypeError("[" + std::string(name) + "] expects integer or bool tensors, got " +
+                     names_of(inputs));
+  }
+  if (def.accepts == A::NotBool && operand == DType::Bool) {
+    throw DTypeError("[" + std::string(name) + "] is not defined for bool tensors (got " +
+                     names_of(inputs) + "); cast to an integer or float dtype first");
+  }
+  if (def.result == R::Floating && !is_floating(operand)) operand = DType::Float32;
+  DType out = def.result == R::Bool ? DType::Bool : operand;
+
+  Shape shape = inputs[0].shape();
+  for (size_t i = 1; i < inputs.size(); ++i) shape = broadcast_shapes(name, shape, inputs[i].shape());
+
+  std::vector<NodePtr> nodes;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    DType want = i < first ? DType::Bool : operand;
+    nodes.push_back(conform(inputs[i], want, shape, name).node());
+  }
+  auto node = std::make_shared<Node>(op, std::move(nodes), shape, out, device);
+  node->origin = origin;
+  return Tensor(std::move(node));
+}
+
+Tensor cast(const Tensor& x, DType dtype) {
+  if (!x.defined()) throw ValueError("[cast] the tensor is undefined");
+  if (x.dtype() == dtype) return x;
+  auto node = std::make_shared<Node>(OpCode::Cast, std::vector<NodePtr>{x.node()}, x.shape(), dtype,
+                                     x.device());
+  return Tensor(std::move(node));
+}
+
+#define KILN_UNARY(fn, code) \
+  Tensor fn(const Tensor& x) { return elementwise(OpCode::code, {x}); }
+KILN_UNARY(neg, Neg)
+KILN_UNARY(abs, Abs)
+KILN_UNARY(sign, Sign)
+KILN_UNARY(exp, Exp)
+KILN_UNARY(exp2, Exp2)
+KILN_UNARY(log, Log)
+KILN_UNARY(log2, Log2)
+KILN_UNARY(log1p, Log1p)
+KILN_UNARY(expm1, Expm1)
+KILN_UNARY(sqrt, Sqrt)
+KILN_UNARY(rsqrt, Rsqrt)
+KILN_UNARY(reciprocal, Reciprocal)
+KILN_UNARY(sin, Sin)
+KILN_UNARY(cos, Cos)
+KILN_UNARY(tan, Tan)
+KILN_UNARY(tanh, Tanh)
+KILN_UNARY(sigmoid, Sigmoid)
+KILN_UNARY(erf, Erf)
+KILN_UNARY(floor, Floor)
+KILN_UNARY(ceil, Ceil)
+KILN_UNARY(round, Round)
+KILN_UNARY(trunc, Trunc)
+KILN_UNARY(logical_not, LogicalNot)
+#undef KILN_UNARY
+
+Tensor bitwise_not(const Tensor& x) {
+  // On bool, ~ is logical: the integer complement of true (-2) would read back as true.
+  if (x.defined() && x.dtype() == DType::Bool) return elementwise(OpCode::LogicalNot, {x}, "bitwise_not");
+  return elementwise(OpCode::BitwiseNot, {x});
+}
+
+#define KILN_BINARY(fn, code) \
+  Tensor fn(const Tensor& a, const Tensor& b) { return elementwise(OpCode::code, {a, b}); }
+KILN_BINARY(add, Add)
+KILN_BINARY(sub, Sub)
+KILN_BINARY(mul, Mul)
+KILN_BINARY(div, Div)
+KILN_BINARY(floor_div, FloorDiv)
+KILN_BINARY(mod, Mod)
+KILN_BINARY(pow, Pow)
+KILN_BINARY(maximum, Maximum)
+KILN_BINARY(minimum, Minimum)
+KILN_BINARY(eq, Eq)
+KILN_BINARY(ne, Ne)
+KILN_BINARY(lt, Lt)
+KILN_BINARY(le, Le)
+KILN_BINARY(gt, Gt)
+KILN_BINARY(ge, Ge)
+KILN_BINARY(logical_and, LogicalAnd)
+KILN_BINARY(logical_or, LogicalOr)
+KILN_BINARY(logical_xor, LogicalXor)
+KILN_BINARY(bitwise_and, BitwiseAnd)
+KILN_BINARY(bitwise_or, BitwiseOr)
+KILN_BINARY(bitwise_xor, BitwiseXor)
+#undef KILN_BINARY
+
+Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
+  return elementwise(OpCode::Where, {cond, a, b});
+}
+
+Tensor isnan(const Tensor& x) {
+  if (!is_floating(x.dtype())) return full(x.shape(), false, DType::Bool, x.device());
+  return elementwise(OpCode::Ne, {x, x}, "isnan");
+}
+
+Tensor isinf(const Tensor& x) {
+  if (!is_floating(x.dtype())) return full(x.shape(), false, DType::Bool, x.device());
+  return elementwise(OpCode::Eq, {abs(x), scalar_tensor(INFINITY)}, "isinf");
+}
+
+Tensor square(const Tensor& x) { return elementwise(OpCode::Mul, {x, x}, "square"); }
+
+Tensor relu(const Tensor& x) {
+  return elementwise(OpCode::Maximum, {x, scalar_tensor(x.dtype() == DType::Bool ? Scalar(false) : Scalar(0))}, "relu");
+}
+
+Tensor clamp(const Tensor& x, const Tensor& lo, const Tensor& hi) {
+  Tensor y = x;
+  if (lo.defined()) y = elementwise(OpCode::Maximum, {y, lo}, "clamp");
+  if (hi.defined()) y = elementwise(OpCode::Minimum, {y, hi}, "clamp");
+  return y;
+}
+
+}  // namespace kiln

@@ -1,0 +1,129 @@
+#include "reindex.h"
+
+namespace kiln {
+namespace {
+
+std::string origin_name(const char* origin, const char* fallback) {
+  return origin ? origin : fallback;
+}
+
+// Index-expression reads must refer to an existing integer index tensor with matching rank.
+void check_loads(const IndexExpr& e, const std::vector<Tensor>& indices, const std::string& op) {
+  if (e.kind() == IndexExpr::Kind::Load) {
+    int64_t k = e.value();
+    if (k < 1 || k > static_cast<int64_t>(indices.size())) {
+      throw ValueError("[" + op + "] index map reads idx" + std::to_string(k) + " but " +
+                       std::to_string(indices.size()) + " index tensor(s) were given");
+    }
+    const Tensor& t = indices[k - 1];
+    if (static_cast<size_t>(t.ndim()) != e.args().size()) {
+      throw ShapeError("[" + op + "] index map reads idx" + std::to_string(k) + " with " +
+                       std::to_string(e.args().size()) + " coordinates but that tensor has shape " +
+                       shape_str(t.shape()));
+    }
+  }
+  for (const IndexExpr& a : e.args()) check_loads(a, indices, op);
+}
+
+void check_vars(const IndexExpr& e, size_t rank, const std::string& op) {
+  if (e.kind() == IndexExpr::Kind::Var && (e.value() < 0 || static_cast<size_t>(e.value()) >= rank)) {
+    throw ValueError("[" + op + "] index map uses i" + std::to_string(e.value()) +
+                     " but the loop domain has rank " + std::to_string(rank));
+  }
+  for (const IndexExpr& a : e.args()) check_vars(a, rank, op);
+}
+
+std::vector<NodePtr> gather_inputs(const Tensor& x, const std::vector<Tensor>& indices,
+                                   const std::string& op) {
+  if (!x.defined()) throw ValueError("[" + op + "] the input tensor is undefined");
+  std::vector<NodePtr> inputs{x.node()};
+  for (const Tensor& t : indices) {
+    if (!t.defined()) throw ValueError("[" + op + "] an index tensor is undefined");
+    if (!is_integer(t.dtype())) {
+      throw DTypeError("[" + op + "] index tensors must have an integer dtype, got " +
+                       std::string(dtype_name(t.dtype())) + shape_str(t.shape()));
+    }
+    if (t.device() != x.device()) {
+      throw DeviceError("[" + op + "] index tensor on " + t.device().str() + " but input on " +
+                        x.device().str());
+    }
+    inputs.push_back(t.node());
+  }
+  return inputs;
+}
+
+}  // namespace
+
+Tensor reindex(const Tensor& x, const Shape& shape, std::vector<IndexExpr> map, const Scalar& fill,
+               const std::vector<Tensor>& indices, bool check_indices, const char* origin) {
+  std::string op = origin_name(origin, "reindex");
+  std::vector<NodePtr> inputs = gather_inputs(x, indices, op);
+  check_sizes(op, shape);
+  if (map.size() != static_cast<size_t>(x.ndim())) {
+    throw ShapeError("[" + op + "] index map has " + std::to_string(map.size()) +
+                     " expressions but the input has shape " + shape_str(x.shape()) +
+                     "; expected one per input dimension");
+  }
+  for (const IndexExpr& e : map) {
+    check_vars(e, shape.size(), op);
+    check_loads(e, indices, op);
+  }
+  auto node = std::make_shared<Node>(OpCode::Reindex, std::move(inputs), shape, x.dtype(), x.device());
+  node->index_map = std::move(map);
+  node->scalar = fill;
+  node->check_indices = check_indices;
+  node->origin = origin;
+  return Tensor(std::move(node));
+}
+
+Tensor reindex_reduce(const Tensor& x, ReduceOp reduce, const Shape& shape, std::vector<IndexExpr> map,
+                      const std::vector<Tensor>& indices, bool check_indices, const char* origin) {
+  std::string op = origin_name(origin, "reindex_reduce");
+  std::vector<NodePtr> inputs = gather_inputs(x, indices, op);
+  check_sizes(op, shape);
+  if (map.size() != shape.size()) {
+    throw ShapeError("[" + op + "] index map has " + std::to_string(map.size()) +
+                     " expressions but the output shape " + shape_str(shape) +
+                     " needs one per output dimension");
+  }
+  if ((reduce == ReduceOp::And || reduce == ReduceOp::Or) && x.dtype() != DType::Bool) {
+    throw DTypeError("[" + op + "] reduction '" + std::string(reduce_name(reduce)) +
+                     "' needs a bool input, got " + std::string(dtype_name(x.dtype())));
+  }
+  for (const IndexExpr& e : map) {
+    check_vars(e, static_cast<size_t>(x.ndim()), op);
+    check_loads(e, indices, op);
+  }
+  auto node = std::make_shared<Node>(OpCode::ReindexReduce, std::move(inputs), shape, x.dtype(), x.device());
+  node->index_map = std::move(map);
+  node->reduce = reduce;
+  node->check_indices = check_indices;
+  node->origin = origin;
+  return Tensor(std::move(node));
+}
+
+Tensor broadcast_to(const Tensor& x, const Shape& shape, const char* origin) {
+  std::string op = origin_name(origin, "broadcast_to");
+  const Shape& in = x.shape();
+  if (in.size() > shape.size()) {
+    throw ShapeError("[" + op + "] cannot broadcast shape " + shape_str(in) + " to " +
+                     shape_str(shape) + ": the target has fewer dimensions");
+  }
+  size_t lead = shape.size() - in.size();
+  std::vector<IndexExpr> map;
+  for (size_t d = 0; d < in.size(); ++d) {
+    if (in[d] == shape[lead + d]) {
+      map.push_back(IndexExpr::var(static_cast<int>(lead + d)));
+    } else if (in[d] == 1) {
+      map.push_back(IndexExpr::constant(0));
+    } else {
+      throw ShapeError("[" + op + "] cannot broadcast shape " + shape_str(in) + " to " +
+                       shape_str(shape) + ": dimension " + std::to_string(d) + " has size " +
+                       std::to_string(in[d]) + ", expected 1 or " + std::to_string(shape[lead + d]));
+    }
+  }
+  if (in == shape) return x;
+  return reindex(x, shape, std::move(map), 0, {}, false, origin ? origin : "broadcast_to");
+}
+
+}  // namespace kiln

@@ -1,0 +1,110 @@
+#include "sources.h"
+
+#include <cmath>
+#include <cstring>
+
+#include "elementwise.h"
+
+namespace kiln {
+namespace {
+
+NodePtr make_source(OpCode op, const Shape& shape, DType dtype, Device device, const char* name) {
+  check_sizes(name, shape);
+  if (device.kind != Device::Kind::CPU) {
+    throw DeviceError(std::string("[") + name + "] device " + device.str() +
+                      " is not available in this build; use Device::cpu()");
+  }
+  return std::make_shared<Node>(op, std::vector<NodePtr>{}, shape, dtype, device);
+}
+
+Tensor random_source(OpCode op, const Shape& shape, DType dtype, Generator& gen, const char* name) {
+  if (!is_floating(dtype)) {
+    throw DTypeError(std::string("[") + name + "] expects a floating dtype, got " +
+                     std::string(dtype_name(dtype)));
+  }
+  NodePtr node = make_source(op, shape, dtype, Device::cpu(), name);
+  node->seed = gen.seed();
+  // The counter is reserved when the tensor is created, so evaluating (or recomputing) it
+  // later can never depend on what else was drawn in between.
+  node->offset = gen.reserve(static_cast<uint64_t>(numel(shape)));
+  return Tensor(std::move(node));
+}
+
+}  // namespace
+
+Tensor full(const Shape& shape, const Scalar& value, DType dtype, Device device) {
+  NodePtr node = make_source(OpCode::Full, shape, dtype, device, "full");
+  node->scalar = value;
+  return Tensor(std::move(node));
+}
+Tensor zeros(const Shape& shape, DType dtype, Device device) { return full(shape, 0, dtype, device); }
+Tensor ones(const Shape& shape, DType dtype, Device device) { return full(shape, 1, dtype, device); }
+Tensor full_like(const Tensor& like, const Scalar& value) {
+  return full(like.shape(), value, like.dtype(), like.device());
+}
+Tensor zeros_like(const Tensor& like) { return full_like(like, 0); }
+Tensor ones_like(const Tensor& like) { return full_like(like, 1); }
+
+Tensor index(const Shape& shape, int64_t axis, DType dtype) {
+  int a = normalize_axis("index", axis, shape);
+  if (shape.empty()) throw ShapeError("[index] needs a shape of rank >= 1, got []");
+  NodePtr node = make_source(OpCode::Iota, shape, dtype, Device::cpu(), "index");
+  node->axis = a;
+  return Tensor(std::move(node));
+}
+
+Tensor arange(const Scalar& start, const Scalar& stop, const Scalar& step, DType dtype) {
+  double s0 = start.to_double(), s1 = stop.to_double(), st = step.to_double();
+  if (st == 0.0 || std::isnan(st)) throw ValueError("[arange] step must be non-zero, got " + step.str());
+  if (!std::isfinite(s0) || !std::isfinite(s1)) {
+    throw ValueError("[arange] bounds must be finite, got start=" + start.str() + " stop=" + stop.str());
+  }
+  double count = std::ceil((s1 - s0) / st);
+  int64_t n = count > 0 ? static_cast<int64_t>(count) : 0;
+  Tensor i = index({n}, 0, is_floating(dtype) ? DType::Float64 : DType::Int64);
+  Tensor v = is_floating(dtype) ? add(mul(i, scalar_tensor(st)), scalar_tensor(s0))
+                                : add(mul(i, scalar_tensor(step.to_int64())), scalar_tensor(start.to_int64()));
+  return cast(v, dtype);
+}
+
+Tensor arange(const Scalar& start, const Scalar& stop, const Scalar& step) {
+  bool any_float = start.kind() == Scalar::Kind::Float || stop.kind() == Scalar::Kind::Float ||
+                   step.kind() == Scalar::Kind::Float;
+  return arange(start, stop, step, any_float ? DType::Float32 : DType::Int64);
+}
+
+Tensor arange(int64_t stop) { return arange(0, stop, 1, DType::Int64); }
+
+Tensor from_data(const void* data, const Shape& shape, DType dtype) {
+  NodePtr node = make_source(OpCode::Constant, shape, dtype, Device::cpu(), "from_data");
+  node->buffer = std::make_shared<Buffer>(node->nbytes(), Device::cpu());
+  if (node->nbytes() > 0) std::memcpy(node->buffer->data(), data, node->nbytes());
+  return Tensor(std::move(node));
+}
+
+Tensor rand(const Shape& shape, DType dtype, Generator& gen) {
+  return random_source(OpCode::RandUniform, shape, dtype, gen, "rand");
+}
+Tensor randn(const Shape& shape, DType dtype, Generator& gen) {
+  return random_source(OpCode::RandNormal, shape, dtype, gen, "randn");
+}
+
+Tensor randint(int64_t low, int64_t high, const Shape& shape, Generator& gen) {
+  if (high <= low) {
+    throw ValueError("[randint] expects low < high, got low=" + std::to_string(low) +
+                     " high=" + std::to_string(high));
+  }
+  // float64 uniforms carry 53 bits, enough for any range a tensor can index.
+  Tensor u = rand(shape, DType::Float64, gen);
+  Tensor v = floor(mul(u, scalar_tensor(static_cast<double>(high - low))));
+  return add(cast(v, DType::Int64), scalar_tensor(low));
+}
+
+Tensor bernoulli(const Shape& shape, double p, Generator& gen) {
+  if (!(p >= 0.0 && p <= 1.0)) {
+    throw ValueError("[bernoulli] probability must be in [0, 1], got " + Scalar(p).str());
+  }
+  return lt(rand(shape, DType::Float32, gen), scalar_tensor(p));
+}
+
+}  // namespace kiln
