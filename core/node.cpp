@@ -68,6 +68,51 @@ ExecutorFn select_executor(std::string* chosen) {
   return best->fn;
 }
 
+// Pending nodes with user handles. Only 0<->1 transitions take the lock, and they re-read
+// the count under it so that racing transitions settle on the final state.
+std::mutex g_held_mutex;
+std::unordered_set<Node*> g_held_pending;
+
+// Held pending nodes whose pending subgraph reaches a node of `scheduled`.
+std::vector<Node*> overlapping_held(const std::unordered_set<Node*>& scheduled) {
+  std::vector<Node*> candidates;
+  {
+    std::lock_guard lock(g_held_mutex);
+    for (auto it = g_held_pending.begin(); it != g_held_pending.end();) {
+      Node* n = *it;
+      if (n->is_evaluated()) {
+        it = g_held_pending.erase(it);
+        continue;
+      }
+      if (!scheduled.count(n)) candidates.push_back(n);
+      ++it;
+    }
+  }
+  std::vector<Node*> extra;
+  std::unordered_set<Node*> visited;
+  for (Node* c : candidates) {
+    // Plain DFS over pending nodes; `visited` is shared, so a node reached from an earlier
+    // candidate that did not overlap is not walked again.
+    std::vector<Node*> stack{c};
+    bool overlaps = false;
+    while (!stack.empty() && !overlaps) {
+      Node* n = stack.back();
+      stack.pop_back();
+      for (const NodePtr& in : n->inputs) {
+        Node* m = in.get();
+        if (m->is_evaluated()) continue;
+        if (scheduled.count(m)) {
+          overlaps = true;
+          break;
+        }
+        if (visited.insert(m).second) stack.push_back(m);
+      }
+    }
+    if (overlaps) extra.push_back(c);
+  }
+  return extra;
+}
+
 // Evaluations touch shared graph state (buffers, edges) of possibly overlapping graphs, so
 // they are serialized; building ops concurrently stays lock-free.
 std::recursive_mutex g_eval_mutex;
@@ -161,15 +206,47 @@ std::vector<Node*> pending_subgraph(const std::vector<Node*>& roots) {
   return order;
 }
 
+void acquire_handle(Node* node) {
+  if (node->handles.fetch_add(1, std::memory_order_relaxed) == 0 && !node->is_evaluated()) {
+    std::lock_guard lock(g_held_mutex);
+    if (node->handles.load(std::memory_order_relaxed) > 0) g_held_pending.insert(node);
+  }
+}
+
+void release_handle(Node* node) {
+  if (node->handles.fetch_sub(1, std::memory_order_relaxed) == 1) {
+    std::lock_guard lock(g_held_mutex);
+    if (node->handles.load(std::memory_order_relaxed) == 0) g_held_pending.erase(node);
+  }
+}
+
 void evaluate_nodes(const std::vector<Node*>& nodes) {
   std::lock_guard lock(g_eval_mutex);
-  std::vector<Node*> schedule = pending_subgraph(nodes);
-  if (schedule.empty()) return;
   std::vector<Node*> requested;
   for (Node* n : nodes)
     if (n != nullptr && !n->is_evaluated()) requested.push_back(n);
+  std::vector<Node*> schedule = pending_subgraph(requested);
+  if (schedule.empty()) return;
   ExecutorFn fn = select_executor(nullptr);
-  fn(schedule, requested);
+  std::vector<Node*> extra = overlapping_held({schedule.begin(), schedule.end()});
+  bool ran = false;
+  if (!extra.empty()) {
+    std::vector<Node*> all = requested;
+    all.insert(all.end(), extra.begin(), extra.end());
+    std::vector<Node*> joint = pending_subgraph(all);
+    try {
+      fn(joint, all);
+      schedule = std::move(joint);
+      ran = true;
+    } catch (const Error&) {
+      // A held tensor the user did not ask for failed (say, a bad gather index): that
+      // error belongs to its own evaluation, so run just the request.
+    }
+  }
+  if (!ran) {
+    schedule = pending_subgraph(requested);
+    if (!schedule.empty()) fn(schedule, requested);
+  }
   for (Node* n : schedule) {
     // A value now stands for its whole history: drop the edges so that graphs of earlier
     // steps are freed once no handle refers to them.

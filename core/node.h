@@ -82,8 +82,15 @@ const char* current_executor();
 void set_executor(const char* name);
 
 /// Evaluates the given nodes: runs the pending subgraph, then drops the input edges of
-/// every node that now holds a value so that earlier graphs are freed.
+/// every node that now holds a value so that earlier graphs are freed. Pending tensors
+/// that users hold and whose graphs overlap the request are evaluated too (weak sync), so
+/// reading a loss after an optimizer step recomputes nothing.
 void evaluate_nodes(const std::vector<Node*>& nodes);
+
+/// Tensor handles call these when they start and stop referring to a node; they keep the
+/// set of pending nodes that users hold, which evaluation uses for weak sync.
+void acquire_handle(Node* node);
+void release_handle(Node* node);
 
 /// Pending nodes (no buffer) reachable from `roots`, inputs before users.
 std::vector<Node*> pending_subgraph(const std::vector<Node*>& roots);

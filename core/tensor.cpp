@@ -7,7 +7,7 @@
 namespace kiln {
 
 Tensor::Tensor(NodePtr node) : node_(std::move(node)) {
-  if (node_) node_->handles.fetch_add(1, std::memory_order_relaxed);
+  if (node_) acquire_handle(node_.get());
 }
 Tensor::Tensor(const Tensor& other) : Tensor(other.node_) {}
 Tensor::Tensor(Tensor&& other) noexcept : node_(std::move(other.node_)) {}
@@ -17,13 +17,13 @@ Tensor& Tensor::operator=(const Tensor& other) {
 }
 Tensor& Tensor::operator=(Tensor&& other) noexcept {
   if (this != &other) {
-    if (node_) node_->handles.fetch_sub(1, std::memory_order_relaxed);
+    if (node_) release_handle(node_.get());
     node_ = std::move(other.node_);
   }
   return *this;
 }
 Tensor::~Tensor() {
-  if (node_) node_->handles.fetch_sub(1, std::memory_order_relaxed);
+  if (node_) release_handle(node_.get());
 }
 
 const Node& Tensor::checked(const char* what) const {

@@ -1,0 +1,387 @@
+// The host caching pool: reuse, split/coalesce, statistics, limit, report, threads.
+// Each test makes its own HostPool so that counters start at zero and tests stay independent.
+#include <algorithm>
+#include <catch2/catch.hpp>
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "core/allocator.h"
+#include "core/error.h"
+#include "memory/host_pool.h"
+
+using kiln::memory::HostPool;
+
+namespace {
+
+constexpr size_t kKiB = size_t{1} << 10;
+constexpr size_t kMiB = size_t{1} << 20;
+
+// Pseudo-random bytes from `seed`, none of them zero, so a block that was not written (or
+// was overwritten by another block) does not verify by accident. Word-sized for speed:
+// the thread test writes hundreds of megabytes under the sanitizers.
+uint64_t next_word(uint64_t& state) {
+  state += 0x9E3779B97F4A7C15ull;  // splitmix64
+  uint64_t z = state;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return (z ^ (z >> 31)) | 0x0101010101010101ull;
+}
+
+void fill(void* ptr, size_t bytes, uint64_t seed) {
+  auto* p = static_cast<unsigned char*>(ptr);
+  for (size_t i = 0; i < bytes; i += 8) {
+    uint64_t word = next_word(seed);
+    std::memcpy(p + i, &word, std::min<size_t>(8, bytes - i));
+  }
+}
+
+bool verify(const void* ptr, size_t bytes, uint64_t seed) {
+  auto* p = static_cast<const unsigned char*>(ptr);
+  for (size_t i = 0; i < bytes; i += 8) {
+    uint64_t word = next_word(seed);
+    if (std::memcmp(p + i, &word, std::min<size_t>(8, bytes - i)) != 0) return false;
+  }
+  return true;
+}
+
+char* at(void* p, size_t offset) { return static_cast<char*>(p) + offset; }
+
+}  // namespace
+
+TEST_CASE("pool: a freed block is handed out again as a cache hit", "[pool]") {
+  HostPool pool;
+  void* p = pool.allocate(1000);
+  fill(p, 1000, 1);
+  pool.deallocate(p);
+  CHECK(pool.stats().cache_hits == 0);
+
+  void* q = pool.allocate(1000);
+  CHECK(q == p);
+  auto s = pool.stats();
+  CHECK(s.cache_hits == 1);
+  CHECK(s.os_allocs == 1);
+  CHECK(s.reserved == 2 * kMiB);
+
+  SECTION("a same-class block between live neighbours is reused in place") {
+    void* a = pool.allocate(5000);
+    void* b = pool.allocate(5000);
+    void* c = pool.allocate(5000);
+    pool.deallocate(b);
+    void* d = pool.allocate(4500);  // 4500 and 5000 share the 5 KiB class
+    CHECK(d == b);
+    CHECK(pool.stats().os_allocs == 1);
+    for (void* x : {a, c, d}) pool.deallocate(x);
+  }
+  pool.deallocate(q);
+}
+
+TEST_CASE("pool: blocks are 64-byte aligned and distinct for odd sizes", "[pool]") {
+  HostPool pool;
+  std::mt19937 rng(7);
+  std::vector<size_t> sizes = {0,    0,    1,    3,     63,       64,   65,       127,
+                               1023, 1025, 4097, 65537, kMiB - 1, kMiB, kMiB + 1, 3 * kMiB + 17};
+  for (int i = 0; i < 200; ++i) sizes.push_back(rng() % (2 * kMiB) + 1);
+
+  std::vector<void*> blocks;
+  std::set<void*> distinct;
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    void* p = pool.allocate(sizes[i]);
+    REQUIRE(p != nullptr);
+    CHECK(reinterpret_cast<uintptr_t>(p) % 64 == 0);
+    fill(p, sizes[i], i);
+    blocks.push_back(p);
+    distinct.insert(p);
+  }
+  CHECK(distinct.size() == blocks.size());  // zero-byte blocks are unique too
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    CHECK(verify(blocks[i], sizes[i], i));
+    pool.deallocate(blocks[i]);
+  }
+  CHECK(pool.stats().allocated == 0);
+}
+
+TEST_CASE("pool: one large free block is split to serve two smaller requests", "[pool]") {
+  HostPool pool;
+  void* big = pool.allocate(8 * kMiB);
+  pool.deallocate(big);
+  const size_t reserved = pool.stats().reserved;
+
+  void* a = pool.allocate(3 * kMiB);
+  void* b = pool.allocate(3 * kMiB);
+  CHECK(a == big);
+  CHECK(b == at(big, 3 * kMiB));
+  auto s = pool.stats();
+  CHECK(s.reserved == reserved);
+  CHECK(s.os_allocs == 1);
+  CHECK(s.cache_hits == 2);
+  CHECK(s.allocated == 6 * kMiB);
+  pool.deallocate(a);
+  pool.deallocate(b);
+}
+
+TEST_CASE("pool: freed neighbours coalesce into a block of their combined size", "[pool]") {
+  HostPool pool;
+
+  SECTION("large blocks") {
+    void* a = pool.allocate(6 * kMiB);  // shares one 20 MiB segment with b and c
+    void* b = pool.allocate(6 * kMiB);
+    void* c = pool.allocate(6 * kMiB);
+    REQUIRE(b == at(a, 6 * kMiB));
+    REQUIRE(c == at(a, 12 * kMiB));
+    const size_t reserved = pool.stats().reserved;
+
+    // Free in both orders across the two cases so merging into prev and next is covered.
+    pool.deallocate(b);
+    pool.deallocate(a);
+    void* ab = pool.allocate(12 * kMiB);  // fits only if a and b were merged
+    CHECK(ab == a);
+    CHECK(pool.stats().reserved == reserved);
+    CHECK(pool.stats().os_allocs == 1);
+
+    pool.deallocate(ab);
+    pool.deallocate(c);
+    auto s = pool.stats();
+    CHECK(s.allocated == 0);
+    CHECK(s.largest_free == reserved);  // the whole segment is one block again
+    CHECK(s.fragmentation() == 0.0);
+  }
+
+  SECTION("small blocks") {
+    // Eight 256 KiB blocks fill one 2 MiB small segment exactly.
+    std::vector<void*> q;
+    for (int i = 0; i < 8; ++i) q.push_back(pool.allocate(256 * kKiB));
+    REQUIRE(pool.stats().small_segments == 1);
+    pool.deallocate(q[1]);
+    pool.deallocate(q[2]);
+    void* merged = pool.allocate(512 * kKiB);
+    CHECK(merged == q[1]);
+    CHECK(pool.stats().os_allocs == 1);
+
+    pool.deallocate(merged);
+    for (int i : {0, 3, 4, 5, 6, 7}) pool.deallocate(q[i]);
+    void* whole = pool.allocate(kMiB);  // only fits once all eight have merged
+    CHECK(whole == q[0]);
+    CHECK(pool.stats().os_allocs == 1);
+    pool.deallocate(whole);
+  }
+}
+
+TEST_CASE("pool: statistics are exact", "[pool]") {
+  HostPool pool;
+  // Small sizes round up to classes: 100 -> 128, 1000 -> 1024, 3000 -> 3072.
+  // Large sizes round up to 64 bytes and share a 20 MiB segment below 10 MiB.
+  const size_t large = 2 * kMiB + 1;
+  const size_t large_rounded = 2 * kMiB + 64;
+  void* a = pool.allocate(100);
+  void* b = pool.allocate(1000);
+  void* c = pool.allocate(3000);
+  void* d = pool.allocate(large);
+
+  auto s = pool.stats();
+  const size_t in_use = 128 + 1024 + 3072 + large_rounded;
+  CHECK(s.allocated == in_use);
+  CHECK(s.requested == 100 + 1000 + 3000 + large);
+  CHECK(s.peak_allocated == in_use);
+  CHECK(s.reserved == 2 * kMiB + 20 * kMiB);
+  CHECK(s.peak_reserved == s.reserved);
+  CHECK(s.num_allocs == 4);
+  CHECK(s.cache_hits == 2);  // b and c are carved from a's segment without an OS call
+  CHECK(s.num_frees == 0);
+  CHECK(s.segments == 2);
+  CHECK(s.small_segments == 1);
+  CHECK(s.cached() == s.reserved - in_use);
+
+  pool.deallocate(d);
+  s = pool.stats();
+  CHECK(s.allocated == in_use - large_rounded);
+  CHECK(s.peak_allocated == in_use);
+  CHECK(s.num_frees == 1);
+  CHECK(s.largest_free == 20 * kMiB);
+  CHECK(s.fragmentation() > 0.0);  // the small segment's tail is cached apart from it
+  CHECK(s.fragmentation() < 0.1);
+
+  pool.reset_peak_stats();
+  s = pool.stats();
+  CHECK(s.peak_allocated == s.allocated);
+  CHECK(s.peak_reserved == s.reserved);
+
+  void* e = pool.allocate(100);
+  CHECK(pool.stats().cache_hits == 3);
+  CHECK(pool.stats().num_allocs == 5);
+
+  SECTION("a remainder of at most 1 MiB stays with a large block") {
+    void* f = pool.allocate(19 * kMiB + 512 * kKiB);  // own 20 MiB segment, no split
+    CHECK(pool.stats().allocated == 128 + 1024 + 3072 + 128 + 20 * kMiB);
+    CHECK(pool.stats().requested == 100 + 1000 + 3000 + 100 + 19 * kMiB + 512 * kKiB);
+    pool.deallocate(f);
+  }
+  for (void* p : {a, b, c, e}) pool.deallocate(p);
+  CHECK(pool.stats().allocated == 0);
+  CHECK(pool.stats().requested == 0);
+}
+
+TEST_CASE("pool: the limit raises OutOfMemoryError and the pool stays usable", "[pool]") {
+  HostPool pool;
+  CHECK(pool.limit() == 0);
+  pool.set_limit(8 * kMiB);
+  CHECK(pool.limit() == 8 * kMiB);
+
+  void* a = pool.allocate(4 * kMiB);  // a 20 MiB segment would not fit: exact one instead
+  fill(a, 4 * kMiB, 3);
+  CHECK(pool.stats().reserved == 4 * kMiB);
+
+  try {
+    pool.allocate(5 * kMiB);
+    FAIL("allocation over the limit did not throw");
+  } catch (const kiln::OutOfMemoryError& e) {
+    std::string message = e.what();
+    CHECK(message.rfind("[host pool]", 0) == 0);
+    CHECK(message.find("5.0 MiB (5242880 bytes)") != std::string::npos);
+    CHECK(message.find("limit of 8.0 MiB (8388608 bytes)") != std::string::npos);
+    CHECK(message.find("reserved") != std::string::npos);  // the report follows
+    CHECK(message.find("cache hits") != std::string::npos);
+  }
+  CHECK_THROWS_AS(pool.allocate(9 * kMiB), kiln::OutOfMemoryError);
+  CHECK(pool.stats().num_ooms == 2);
+
+  // Still usable, and live data is intact.
+  CHECK(verify(a, 4 * kMiB, 3));
+  void* small = pool.allocate(1000);
+  CHECK(pool.stats().reserved == 6 * kMiB);
+
+  // Cached memory is given back before the pool gives up: 2 + 4 cached + 6 > 8.
+  pool.deallocate(a);
+  void* b = pool.allocate(6 * kMiB);
+  auto s = pool.stats();
+  CHECK(s.reserved == 8 * kMiB);
+  CHECK(s.os_frees == 1);
+
+  // Lowering the limit below the reservation drops what is cached.
+  pool.deallocate(b);
+  pool.set_limit(4 * kMiB);
+  CHECK(pool.stats().reserved == 2 * kMiB);
+
+  pool.set_limit(0);
+  void* huge = pool.allocate(64 * kMiB);
+  pool.deallocate(huge);
+  pool.deallocate(small);
+}
+
+TEST_CASE("pool: empty_cache returns fully free segments to the OS", "[pool]") {
+  HostPool pool;
+  void* small = pool.allocate(1000);       // 2 MiB small segment, stays in use
+  void* shared = pool.allocate(3 * kMiB);  // 20 MiB segment, freed below
+  void* own = pool.allocate(24 * kMiB);    // too big for the 17 MiB left: own segment
+  fill(small, 1000, 11);
+  fill(own, 24 * kMiB, 12);
+  pool.deallocate(shared);
+  CHECK(pool.stats().reserved == 46 * kMiB);
+
+  pool.empty_cache();
+  auto s = pool.stats();
+  CHECK(s.reserved == 26 * kMiB);
+  CHECK(s.segments == 2);
+  CHECK(s.os_frees == 1);
+  CHECK(s.allocated == 1024 + 24 * kMiB);
+  CHECK(verify(small, 1000, 11));
+  CHECK(verify(own, 24 * kMiB, 12));
+
+  pool.deallocate(small);
+  pool.deallocate(own);
+  pool.empty_cache();
+  CHECK(pool.stats().reserved == 0);
+  CHECK(pool.stats().segments == 0);
+  CHECK(pool.stats().peak_reserved == 46 * kMiB);
+}
+
+TEST_CASE("pool: report is a readable table with the key rows", "[pool]") {
+  HostPool pool;
+  pool.set_limit(1536 * kKiB + 20 * kMiB);
+  void* p = pool.allocate(1000);
+  std::string report = pool.report();
+  INFO(report);
+  for (const char* key :
+       {"[host pool]", "current", "peak", "allocated", "reserved", "requested", "cached",
+        "fragmentation", "limit", "allocations", "cache hits", "frees", "segments"}) {
+    CHECK(report.find(key) != std::string::npos);
+  }
+  CHECK(report.find("1.0 KiB") != std::string::npos);   // allocated
+  CHECK(report.find("2.0 MiB") != std::string::npos);   // reserved
+  CHECK(report.find("21.5 MiB") != std::string::npos);  // limit
+  pool.deallocate(p);
+  pool.set_limit(0);
+  CHECK(pool.report().find("unlimited") != std::string::npos);
+}
+
+TEST_CASE("pool: foreign and null pointers", "[pool]") {
+  HostPool pool;
+  pool.deallocate(nullptr);
+  int local = 0;
+  CHECK_THROWS_AS(pool.deallocate(&local), kiln::ValueError);
+  void* p = pool.allocate(10);
+  pool.deallocate(p);
+  CHECK_THROWS_AS(pool.deallocate(p), kiln::ValueError);  // double free
+  CHECK(pool.stats().num_frees == 1);
+}
+
+TEST_CASE("pool: the process-wide pool is the host allocator", "[pool]") {
+  CHECK(&kiln::host_allocator() == &kiln::memory::host_pool());
+  kiln::Buffer buffer(4096, kiln::Device::cpu());
+  CHECK(reinterpret_cast<uintptr_t>(buffer.data()) % 64 == 0);
+  CHECK(kiln::memory::host_pool().stats().allocated >= 4096);
+}
+
+TEST_CASE("pool: concurrent allocate and free from 4 threads keep data intact", "[pool]") {
+  HostPool pool;
+  constexpr int kThreads = 4;
+  constexpr int kIterations = 800;
+  std::vector<int> failures(kThreads, 0);
+
+  auto work = [&](int thread) {
+    struct Live {
+      void* ptr;
+      size_t bytes;
+      uint64_t seed;
+    };
+    std::mt19937 rng(100 + thread);
+    std::vector<Live> live;
+    auto release = [&](size_t index) {
+      if (!verify(live[index].ptr, live[index].bytes, live[index].seed)) ++failures[thread];
+      pool.deallocate(live[index].ptr);
+      live[index] = live.back();
+      live.pop_back();
+    };
+    for (int i = 0; i < kIterations; ++i) {
+      uint32_t kind = rng() % 100;
+      size_t bytes = kind < 80   ? rng() % (64 * kKiB)
+                     : kind < 97 ? rng() % (256 * kKiB) + 1
+                                 : rng() % (2 * kMiB) + kMiB + 1;
+      uint64_t seed = rng();
+      void* p = pool.allocate(bytes);
+      if (reinterpret_cast<uintptr_t>(p) % 64 != 0) ++failures[thread];
+      fill(p, bytes, seed);
+      live.push_back({p, bytes, seed});
+      if (live.size() > 24) release(rng() % live.size());
+    }
+    while (!live.empty()) release(live.size() - 1);
+  };
+
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) threads.emplace_back(work, t);
+  for (auto& t : threads) t.join();
+
+  for (int t = 0; t < kThreads; ++t) CHECK(failures[t] == 0);
+  auto s = pool.stats();
+  CHECK(s.allocated == 0);
+  CHECK(s.requested == 0);
+  CHECK(s.num_allocs == uint64_t{kThreads} * kIterations);
+  CHECK(s.num_frees == s.num_allocs);
+  CHECK(s.cache_hits > s.num_allocs / 2);
+  pool.empty_cache();
+  CHECK(pool.stats().reserved == 0);
+}
