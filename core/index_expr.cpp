@@ -29,6 +29,7 @@ IndexExpr IndexExpr::make(Kind kind, int64_t value, std::vector<IndexExpr> args)
 
 IndexExpr IndexExpr::constant(int64_t value) { return make(Kind::Const, value, {}); }
 IndexExpr IndexExpr::var(int dim) { return make(Kind::Var, dim, {}); }
+IndexExpr IndexExpr::param(int slot) { return make(Kind::Param, slot, {}); }
 IndexExpr IndexExpr::load(int input, std::vector<IndexExpr> coords) {
   return make(Kind::Load, input, std::move(coords));
 }
@@ -99,6 +100,7 @@ std::string IndexExpr::str() const {
   switch (kind()) {
     case Kind::Const: return std::to_string(value());
     case Kind::Var: return "i" + std::to_string(value());
+    case Kind::Param: return "p" + std::to_string(value());
     case Kind::Load: {
       std::string s = "idx" + std::to_string(value()) + "[";
       for (size_t k = 0; k < args().size(); ++k) s += (k ? ", " : "") + args()[k].str();

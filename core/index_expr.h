@@ -14,7 +14,7 @@ namespace kiln {
 /// An integer expression over loop coordinates i0, i1, ... and index-tensor reads.
 class IndexExpr {
  public:
-  enum class Kind : uint8_t { Const, Var, Add, Mul, FloorDiv, Mod, Min, Max, Load };
+  enum class Kind : uint8_t { Const, Var, Add, Mul, FloorDiv, Mod, Min, Max, Load, Param };
 
   /// The constant 0.
   IndexExpr();
@@ -22,11 +22,14 @@ class IndexExpr {
   static IndexExpr constant(int64_t value);
   /// Coordinate `dim` of the loop domain (printed `i<dim>`).
   static IndexExpr var(int dim);
+  /// Integer argument `slot` of a generated kernel (printed `p<slot>`); only kernel IR uses
+  /// it, so that sizes and offsets are arguments rather than part of a kernel's source.
+  static IndexExpr param(int slot);
   /// The value of the node's integer input `input` (>= 1) at `coords`, printed `idx1[...]`.
   static IndexExpr load(int input, std::vector<IndexExpr> coords);
 
   Kind kind() const;
-  /// Const: the value; Var: the dimension; Load: the input number.
+  /// Const: the value; Var: the dimension; Load: the input number; Param: the slot.
   int64_t value() const;
   /// Operands of Add/Mul/FloorDiv/Mod/Min/Max, or the coordinates of a Load.
   const std::vector<IndexExpr>& args() const;
@@ -88,6 +91,7 @@ int64_t IndexExpr::evaluate(const int64_t* coords, LoadFn&& load) const {
   switch (r.kind) {
     case Kind::Const: return r.value;
     case Kind::Var: return coords[r.value];
+    case Kind::Param: return 0;  // kernel IR only; never evaluated on the host
     case Kind::Load: {
       int64_t at[8];
       std::vector<int64_t> big;

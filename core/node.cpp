@@ -73,25 +73,23 @@ ExecutorFn select_executor(std::string* chosen) {
 std::mutex g_held_mutex;
 std::unordered_set<Node*> g_held_pending;
 
-// Held pending nodes whose pending subgraph reaches a node of `scheduled`.
-std::vector<Node*> overlapping_held(const std::unordered_set<Node*>& scheduled) {
-  std::vector<Node*> candidates;
-  {
-    std::lock_guard lock(g_held_mutex);
-    for (auto it = g_held_pending.begin(); it != g_held_pending.end();) {
-      Node* n = *it;
-      if (n->is_evaluated()) {
-        it = g_held_pending.erase(it);
-        continue;
-      }
-      if (!scheduled.count(n)) candidates.push_back(n);
-      ++it;
-    }
-  }
-  std::vector<Node*> extra;
+// Held pending nodes whose pending subgraph reaches a node of `scheduled`. The walk runs
+// under the registry lock: a registered node still has a handle, and a handle's last
+// release waits for the lock, so no candidate can be destroyed mid-walk; the result holds
+// strong references so the nodes outlive their evaluation whatever other threads drop.
+std::vector<NodePtr> overlapping_held(const std::unordered_set<Node*>& scheduled) {
+  std::vector<NodePtr> extra;
   std::unordered_set<Node*> visited;
-  for (Node* c : candidates) {
-    // Plain DFS over pending nodes; `visited` is shared, so a node reached from an earlier
+  std::lock_guard lock(g_held_mutex);
+  for (auto it = g_held_pending.begin(); it != g_held_pending.end();) {
+    Node* c = *it;
+    if (c->is_evaluated()) {
+      it = g_held_pending.erase(it);
+      continue;
+    }
+    ++it;
+    if (scheduled.count(c)) continue;
+    // `visited` is shared across candidates, so a node already walked from an earlier
     // candidate that did not overlap is not walked again.
     std::vector<Node*> stack{c};
     bool overlaps = false;
@@ -108,7 +106,7 @@ std::vector<Node*> overlapping_held(const std::unordered_set<Node*>& scheduled) 
         if (visited.insert(m).second) stack.push_back(m);
       }
     }
-    if (overlaps) extra.push_back(c);
+    if (overlaps) extra.push_back(c->shared_from_this());
   }
   return extra;
 }
@@ -228,11 +226,11 @@ void evaluate_nodes(const std::vector<Node*>& nodes) {
   std::vector<Node*> schedule = pending_subgraph(requested);
   if (schedule.empty()) return;
   ExecutorFn fn = select_executor(nullptr);
-  std::vector<Node*> extra = overlapping_held({schedule.begin(), schedule.end()});
+  std::vector<NodePtr> extra = overlapping_held({schedule.begin(), schedule.end()});
   bool ran = false;
   if (!extra.empty()) {
     std::vector<Node*> all = requested;
-    all.insert(all.end(), extra.begin(), extra.end());
+    for (const NodePtr& e : extra) all.push_back(e.get());
     std::vector<Node*> joint = pending_subgraph(all);
     try {
       fn(joint, all);

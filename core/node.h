@@ -21,7 +21,7 @@ struct Node;
 using NodePtr = std::shared_ptr<Node>;
 
 /// One meta-op application. Attributes not used by an op keep their defaults.
-struct Node {
+struct Node : std::enable_shared_from_this<Node> {
   Node(OpCode op, std::vector<NodePtr> inputs, Shape shape, DType dtype, Device device);
   ~Node();
   Node(const Node&) = delete;

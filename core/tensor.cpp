@@ -1,6 +1,7 @@
 #include "tensor.h"
 
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <ostream>
 
@@ -66,6 +67,22 @@ void eval(std::initializer_list<Tensor> tensors) { eval(std::vector<Tensor>(tens
 std::ostream& operator<<(std::ostream& os, const Tensor& t) { return os << t.str(); }
 
 namespace detail {
+namespace {
+
+// double -> float rounding to odd: converting that float to a 16-bit float then rounds
+// exactly as a direct double -> half conversion would (no double rounding).
+float round_to_odd_float(double v) {
+  float f = static_cast<float>(v);
+  if (!std::isfinite(f) || static_cast<double>(f) == v) return f;
+  if (std::fabs(static_cast<double>(f)) > std::fabs(v)) f = std::nextafter(f, 0.0f);
+  uint32_t bits;
+  std::memcpy(&bits, &f, sizeof bits);
+  bits |= 1u;
+  std::memcpy(&f, &bits, sizeof bits);
+  return f;
+}
+
+}  // namespace
 
 double load_as_double(const void* data, DType dtype, int64_t i) {
   return visit_dtype(dtype, [&](auto tag) -> double {
@@ -100,7 +117,7 @@ void store_double(void* data, DType dtype, int64_t i, double v) {
     if constexpr (std::is_same_v<T, bool>) {
       p[i] = v != 0.0;
     } else if constexpr (std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>) {
-      p[i] = T(static_cast<float>(v));
+      p[i] = T(round_to_odd_float(v));
     } else if constexpr (std::is_floating_point_v<T>) {
       p[i] = static_cast<T>(v);
     } else {
@@ -126,7 +143,7 @@ void store_int64(void* data, DType dtype, int64_t i, int64_t v) {
     if constexpr (std::is_same_v<T, bool>) {
       p[i] = v != 0;
     } else if constexpr (std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>) {
-      p[i] = T(static_cast<float>(v));
+      p[i] = T(round_to_odd_float(static_cast<double>(v)));
     } else {
       p[i] = static_cast<T>(v);  // modulo 2^n since C++20
     }

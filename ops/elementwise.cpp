@@ -115,7 +115,7 @@ const ElementwiseDef kDefs[] = {
   {OpCode::BitwiseXor, A::IntegerOrBool, R::SameAsOperands, nullptr,                I2(a ^ b),                   "(a ^ b)"},
   {OpCode::Where,      A::Any,           R::SameAsOperands,
        [](double c, double a, double b) -> double { return c != 0.0 ? a : b; },
-       [](int64_t c, int64_t a, int64_t b) -> int64_t { return c != 0 ? a : b; },     "(c ? a : b)"},
+       [](int64_t c, int64_t a, int64_t b) -> int64_t { return c != 0 ? a : b; },     "(a ? b : c)"},
 };
 // clang-format on
 
@@ -136,7 +136,9 @@ std::string names_of(const std::vector<Tensor>& inputs) {
 // is rebuilt directly at the target dtype and shape instead of being cast and broadcast.
 Tensor conform(const Tensor& x, DType dtype, const Shape& shape, const char* origin) {
   const Node& n = *x.node();
-  if (n.op == OpCode::Full && !n.is_evaluated()) {
+  // Only a weak scalar carries its raw value; any other fill has already been converted to
+  // its own dtype (full(2.7, int32) is 2), so it goes through cast like other tensors.
+  if (n.op == OpCode::Full && !n.is_evaluated() && (n.weak_scalar || n.dtype == dtype)) {
     return full(shape, n.scalar, dtype, n.device);
   }
   Tensor t = x.dtype() == dtype ? x : cast(x, dtype);
@@ -165,6 +167,10 @@ Tensor scalar_tensor(const Scalar& value) {
 Tensor elementwise(OpCode op, const std::vector<Tensor>& inputs, const char* origin) {
   const ElementwiseDef& def = elementwise_def(op);
   const char* name = origin ? origin : op_name(op).data();
+  if (inputs.size() != static_cast<size_t>(op_arity(op))) {
+    throw ValueError("[" + std::string(name) + "] expects " + std::to_string(op_arity(op)) +
+                     " input(s), got " + std::to_string(inputs.size()));
+  }
   for (const Tensor& t : inputs) {
     if (!t.defined()) throw ValueError("[" + std::string(name) + "] an input tensor is undefined");
   }
@@ -283,11 +289,13 @@ Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
 }
 
 Tensor isnan(const Tensor& x) {
+  if (!x.defined()) throw ValueError("[isnan] the tensor is undefined");
   if (!is_floating(x.dtype())) return full(x.shape(), false, DType::Bool, x.device());
   return elementwise(OpCode::Ne, {x, x}, "isnan");
 }
 
 Tensor isinf(const Tensor& x) {
+  if (!x.defined()) throw ValueError("[isinf] the tensor is undefined");
   if (!is_floating(x.dtype())) return full(x.shape(), false, DType::Bool, x.device());
   return elementwise(OpCode::Eq, {abs(x), scalar_tensor(INFINITY)}, "isinf");
 }
@@ -295,6 +303,7 @@ Tensor isinf(const Tensor& x) {
 Tensor square(const Tensor& x) { return elementwise(OpCode::Mul, {x, x}, "square"); }
 
 Tensor relu(const Tensor& x) {
+  if (!x.defined()) throw ValueError("[relu] the tensor is undefined");
   return elementwise(OpCode::Maximum, {x, scalar_tensor(x.dtype() == DType::Bool ? Scalar(false) : Scalar(0))}, "relu");
 }
 

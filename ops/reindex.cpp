@@ -104,6 +104,7 @@ Tensor reindex_reduce(const Tensor& x, ReduceOp reduce, const Shape& shape, std:
 
 Tensor broadcast_to(const Tensor& x, const Shape& shape, const char* origin) {
   std::string op = origin_name(origin, "broadcast_to");
+  if (!x.defined()) throw ValueError("[" + op + "] the tensor is undefined");
   const Shape& in = x.shape();
   if (in.size() > shape.size()) {
     throw ShapeError("[" + op + "] cannot broadcast shape " + shape_str(in) + " to " +

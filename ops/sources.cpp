@@ -59,8 +59,19 @@ Tensor arange(const Scalar& start, const Scalar& stop, const Scalar& step, DType
   if (!std::isfinite(s0) || !std::isfinite(s1)) {
     throw ValueError("[arange] bounds must be finite, got start=" + start.str() + " stop=" + stop.str());
   }
-  double count = std::ceil((s1 - s0) / st);
-  int64_t n = count > 0 ? static_cast<int64_t>(count) : 0;
+  int64_t n;
+  if (start.kind() != Scalar::Kind::Float && stop.kind() != Scalar::Kind::Float &&
+      step.kind() != Scalar::Kind::Float) {
+    // Exact for int64 bounds beyond 2^53, where doubles would miscount.
+    __int128 span = static_cast<__int128>(stop.to_int64()) - start.to_int64();
+    __int128 s = step.to_int64();
+    __int128 q = span / s;
+    if (span % s != 0 && ((span < 0) == (s < 0))) ++q;
+    n = q > 0 ? static_cast<int64_t>(q) : 0;
+  } else {
+    double count = std::ceil((s1 - s0) / st);
+    n = count > 0 ? static_cast<int64_t>(count) : 0;
+  }
   Tensor i = index({n}, 0, is_floating(dtype) ? DType::Float64 : DType::Int64);
   Tensor v = is_floating(dtype) ? add(mul(i, scalar_tensor(st)), scalar_tensor(s0))
                                 : add(mul(i, scalar_tensor(step.to_int64())), scalar_tensor(start.to_int64()));

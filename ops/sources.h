@@ -31,6 +31,11 @@ Tensor from_data(const void* data, const Shape& shape, DType dtype);
 template <typename T>
 Tensor from_vector(const std::vector<T>& values, Shape shape = {-1}) {
   if (shape.size() == 1 && shape[0] == -1) shape[0] = static_cast<int64_t>(values.size());
+  check_sizes("from_vector", shape);
+  if (static_cast<int64_t>(values.size()) != numel(shape)) {
+    throw ValueError("[from_vector] got " + std::to_string(values.size()) + " values for shape " +
+                     shape_str(shape) + ", which needs " + std::to_string(numel(shape)));
+  }
   if constexpr (std::is_same_v<T, bool>) {
     std::vector<uint8_t> bytes(values.begin(), values.end());
     return from_data(bytes.data(), shape, DType::Bool);

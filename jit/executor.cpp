@@ -1,0 +1,288 @@
+#include "executor.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <mutex>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "../core/tensor.h"
+#include "../core/thread_pool.h"
+#include "compiler.h"
+#include "fuse.h"
+#include "kernel_cache.h"
+#include "kernel_ir.h"
+#include "printer_cpp.h"
+#include "simplify.h"
+
+namespace kiln::jit {
+namespace {
+
+using KernelFn = void (*)(char**, const int64_t*, int64_t, int64_t, int64_t);
+
+std::mutex g_stats_mutex;
+EvalStats g_last_stats;
+
+// Elements per chunk: enough work to amortise a thread hand-off.
+constexpr int64_t kGrain = 1 << 14;
+
+template <typename Acc>
+Acc identity_of(ReduceOp op, DType dtype) {
+  switch (op) {
+    case ReduceOp::Sum:
+    case ReduceOp::Or: return 0;
+    case ReduceOp::Prod:
+    case ReduceOp::And: return 1;
+    default: break;
+  }
+  bool want_max = op == ReduceOp::Min;
+  if constexpr (std::is_floating_point_v<Acc>) {
+    return want_max ? INFINITY : -INFINITY;
+  } else {
+    return visit_dtype(dtype, [&](auto tag) -> Acc {
+      using T = decltype(tag);
+      if constexpr (std::is_integral_v<T>)
+        return want_max ? static_cast<Acc>(std::numeric_limits<T>::max()) : static_cast<Acc>(std::numeric_limits<T>::lowest());
+      return 0;
+    });
+  }
+}
+
+template <typename Acc>
+Acc combine(ReduceOp op, Acc a, Acc b) {
+  switch (op) {
+    case ReduceOp::Sum:
+      if constexpr (std::is_integral_v<Acc>) return static_cast<Acc>(static_cast<uint64_t>(a) + static_cast<uint64_t>(b));
+      else return a + b;
+    case ReduceOp::Prod:
+      if constexpr (std::is_integral_v<Acc>) return static_cast<Acc>(static_cast<uint64_t>(a) * static_cast<uint64_t>(b));
+      else return a * b;
+    case ReduceOp::Max:
+      if constexpr (std::is_floating_point_v<Acc>)
+        if (std::isnan(a) || std::isnan(b)) return a + b;
+      return a > b ? a : b;
+    case ReduceOp::Min:
+      if constexpr (std::is_floating_point_v<Acc>)
+        if (std::isnan(a) || std::isnan(b)) return a + b;
+      return a < b ? a : b;
+    case ReduceOp::And: return (a != 0) && (b != 0);
+    case ReduceOp::Or: break;
+  }
+  return (a != 0) || (b != 0);
+}
+
+const char* name_of(const Node& n) { return n.origin ? n.origin : op_name(n.op).data(); }
+
+[[noreturn]] void raise_index_error(const Node& root, const int64_t* err) {
+  throw IndexError("[" + std::string(name_of(root)) + "] index " + std::to_string(err[2]) +
+                   " is out of range for a dimension of size " + std::to_string(err[3]) +
+                   "; expected 0 <= index < " + std::to_string(err[3]));
+}
+
+void run_whole_reduction(const LoweredKernel& lk, KernelFn fn, std::vector<char*>& bufs, Node& root) {
+  const int64_t n = lk.parallel_extent;
+  ThreadPool& pool = thread_pool();
+  const int64_t parts = std::max<int64_t>(chunk_count(n, kGrain, pool.size()), 1);
+  DType acc = accumulator_dtype(lk.ir);
+  std::vector<double> pd;
+  std::vector<float> pf;
+  std::vector<int64_t> pi;
+  if (acc == DType::Float32) pf.resize(parts), bufs[lk.ir.inputs.size() + 1] = reinterpret_cast<char*>(pf.data());
+  else if (acc == DType::Float64) pd.resize(parts), bufs[lk.ir.inputs.size() + 1] = reinterpret_cast<char*>(pd.data());
+  else pi.resize(parts), bufs[lk.ir.inputs.size() + 1] = reinterpret_cast<char*>(pi.data());
+  const int64_t* params = lk.params.data();
+  if (n > 0) {
+    pool.parallel_for(parts, 1, [&](int64_t kb, int64_t ke) {
+      for (int64_t k = kb; k < ke; ++k) fn(bufs.data(), params, chunk_begin(n, parts, k), chunk_begin(n, parts, k + 1), k);
+    });
+  }
+  // Partials combine in chunk order, so a fixed thread count gives fixed bits.
+  ReduceOp op = lk.ir.reduce;
+  if (acc == DType::Int64) {
+    int64_t total = identity_of<int64_t>(op, root.dtype);
+    if (n > 0)
+      for (int64_t v : pi) total = combine(op, total, v);
+    kiln::detail::store_int64(root.buffer->data(), root.dtype, 0, total);
+  } else {
+    double total = identity_of<double>(op, root.dtype);
+    if (n > 0)
+      for (int64_t k = 0; k < parts; ++k) total = combine(op, total, acc == DType::Float32 ? static_cast<double>(pf[k]) : pd[k]);
+    kiln::detail::store_double(root.buffer->data(), root.dtype, 0, total);
+  }
+}
+
+template <typename Acc>
+void run_scatter(const LoweredKernel& lk, KernelFn fn, std::vector<char*>& bufs, Node& root) {
+  std::vector<Acc> acc(static_cast<size_t>(root.numel()), identity_of<Acc>(lk.ir.reduce, root.dtype));
+  bufs[0] = reinterpret_cast<char*>(acc.data());
+  const int64_t* params = lk.params.data();
+  bool any = true;
+  for (int64_t s : root.inputs[0]->shape) any = any && s > 0;
+  if (any) {
+    if (lk.ir.parallel_var >= 0) {
+      thread_pool().parallel_for(lk.parallel_extent, 1, [&](int64_t b, int64_t e) { fn(bufs.data(), params, b, e, 0); });
+    } else {
+      fn(bufs.data(), params, 0, 1, 0);
+    }
+  }
+  void* out = root.buffer->data();
+  for (size_t i = 0; i < acc.size(); ++i) {
+    if constexpr (std::is_floating_point_v<Acc>) kiln::detail::store_double(out, root.dtype, static_cast<int64_t>(i), acc[i]);
+    else kiln::detail::store_int64(out, root.dtype, static_cast<int64_t>(i), acc[i]);
+  }
+}
+
+void run_group(const FusionGroup& group) {
+  LoweredKernel lk = lower(group);
+  PrintedKernel pk = print_cpp(lk.ir);
+  KernelHandle h = kernel_cache().get(pk.source, pk.entry, lk.ir.source_ops, cpu_compiler());
+  auto fn = reinterpret_cast<KernelFn>(h.fn);
+  Node& root = *group.root;
+  auto buffer = std::make_shared<Buffer>(root.nbytes(), root.device);
+  root.buffer = buffer;
+  std::vector<char*> bufs(lk.ir.inputs.size() + 3, nullptr);
+  bufs[0] = static_cast<char*>(buffer->data());
+  for (size_t k = 0; k < lk.input_nodes.size(); ++k) bufs[k + 1] = static_cast<char*>(lk.input_nodes[k]->buffer->data());
+  int64_t err[4] = {0, 0, 0, 0};
+  bufs[lk.ir.inputs.size() + 2] = reinterpret_cast<char*>(err);
+  const int64_t* params = lk.params.data();
+  try {
+    switch (lk.ir.kind) {
+      case KernelIR::Kind::Map:
+        if (lk.parallel_extent > 0)
+          thread_pool().parallel_for(lk.parallel_extent, kGrain, [&](int64_t b, int64_t e) { fn(bufs.data(), params, b, e, 0); });
+        break;
+      case KernelIR::Kind::InnerReduce:
+        if (lk.ir.kept == 0) {
+          run_whole_reduction(lk, fn, bufs, root);
+        } else if (lk.parallel_extent > 0) {
+          int64_t per = std::max<int64_t>(root.inputs[0]->numel() / std::max<int64_t>(lk.parallel_extent, 1), 1);
+          int64_t grain = std::max<int64_t>(kGrain / per, 1);
+          thread_pool().parallel_for(lk.parallel_extent, grain, [&](int64_t b, int64_t e) { fn(bufs.data(), params, b, e, 0); });
+        }
+        break;
+      case KernelIR::Kind::Scatter:
+        if (accumulator_dtype(lk.ir) == DType::Float64) run_scatter<double>(lk, fn, bufs, root);
+        else run_scatter<int64_t>(lk, fn, bufs, root);
+        break;
+    }
+  } catch (...) {
+    root.buffer.reset();
+    throw;
+  }
+  auto t1 = h.record;
+  if (t1 != nullptr) ++t1->launches;
+  if (err[0] != 0) {
+    root.buffer.reset();
+    raise_index_error(root, err);
+  }
+}
+
+struct Plan {
+  SimplifyResult simplified;
+  FusionPlan fusion;
+  std::unordered_set<Node*> outputs;
+};
+
+Plan make_plan(const std::vector<Node*>& schedule, const std::vector<Node*>& requested) {
+  Plan p;
+  std::vector<Node*> outs(requested.begin(), requested.end());
+  std::unordered_set<Node*> req(requested.begin(), requested.end());
+  for (Node* n : schedule)
+    if (!req.count(n) && n->handles.load(std::memory_order_relaxed) > 0) outs.push_back(n);
+  p.simplified = simplify(schedule, outs);
+  for (Node* o : outs) {
+    auto it = p.simplified.alias.find(o);
+    p.outputs.insert(it == p.simplified.alias.end() ? o : it->second);
+  }
+  p.fusion = fuse(p.simplified.schedule, p.outputs);
+  return p;
+}
+
+void execute(const std::vector<Node*>& schedule, const std::vector<Node*>& requested) {
+  Plan plan = make_plan(schedule, requested);
+  const auto& groups = plan.fusion.groups;
+  std::unordered_map<Node*, size_t> last_use;
+  std::unordered_set<Node*> computed;
+  for (const FusionGroup& g : groups) computed.insert(g.root);
+  for (size_t g = 0; g < groups.size(); ++g)
+    for (Node* in : groups[g].inputs) last_use[in] = g;
+  for (size_t g = 0; g < groups.size(); ++g) {
+    run_group(groups[g]);
+    for (Node* in : groups[g].inputs) {
+      // Intermediates go back to the pool as soon as no later kernel reads them.
+      if (last_use[in] == g && computed.count(in) && !plan.outputs.count(in) &&
+          in->handles.load(std::memory_order_relaxed) == 0) {
+        in->buffer.reset();
+      }
+    }
+  }
+  for (auto& [out, rep] : plan.simplified.alias) {
+    if (out != rep && rep->buffer) out->buffer = rep->buffer;
+  }
+  std::lock_guard lock(g_stats_mutex);
+  g_last_stats = EvalStats{plan.simplified.schedule.size(), groups.size(), 0};
+}
+
+const bool kRegistered = [] {
+  register_executor("jit", 10, &jit_execute);
+  return true;
+}();
+
+}  // namespace
+
+void jit_execute(const std::vector<Node*>& schedule, const std::vector<Node*>& requested) {
+  execute(schedule, requested);
+}
+
+EvalStats last_eval_stats() {
+  std::lock_guard lock(g_stats_mutex);
+  return g_last_stats;
+}
+
+std::string plan_to_dot(const std::vector<Node*>& outputs) {
+  std::vector<Node*> schedule = pending_subgraph(outputs);
+  Plan plan = make_plan(schedule, outputs);
+  std::string dot = "digraph kiln_plan {\n  compound=true;\n  node [shape=box, fontname=\"monospace\"];\n";
+  std::unordered_map<Node*, std::string> id;
+  int cluster = 0;
+  auto label = [](Node* n) {
+    std::string l = std::string(op_name(n->op));
+    if (n->origin && op_name(n->op) != n->origin) l += "\\n(" + std::string(n->origin) + ")";
+    return l + "\\n" + shape_str(n->shape) + " " + std::string(dtype_name(n->dtype));
+  };
+  for (const FusionGroup& g : plan.fusion.groups) {
+    dot += "  subgraph cluster_" + std::to_string(cluster) + " {\n    label=\"kernel " + std::to_string(cluster) + "\";\n";
+    for (Node* m : g.members) {
+      std::string nid = "k" + std::to_string(cluster) + "_n" + std::to_string(m->id);
+      if (m == g.root) id[m] = nid;
+      dot += "    " + nid + " [label=\"" + label(m) + "\"];\n";
+      for (const NodePtr& in : m->inputs) {
+        bool inside = std::find(g.members.begin(), g.members.end(), in.get()) != g.members.end();
+        if (inside) dot += "    k" + std::to_string(cluster) + "_n" + std::to_string(in->id) + " -> " + nid + ";\n";
+      }
+    }
+    dot += "  }\n";
+    ++cluster;
+  }
+  cluster = 0;
+  for (const FusionGroup& g : plan.fusion.groups) {
+    for (Node* in : g.inputs) {
+      if (!id.count(in)) {
+        id[in] = "leaf" + std::to_string(in->id);
+        dot += "  " + id[in] + " [label=\"" + label(in) + "\", style=filled, fillcolor=lightgrey];\n";
+      }
+      for (Node* m : g.members) {
+        for (const NodePtr& x : m->inputs)
+          if (x.get() == in) dot += "  " + id[in] + " -> k" + std::to_string(cluster) + "_n" + std::to_string(m->id) + ";\n";
+      }
+    }
+    ++cluster;
+  }
+  return dot + "}\n";
+}
+
+}  // namespace kiln::jit

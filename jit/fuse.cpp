@@ -1,0 +1,113 @@
+#include "fuse.h"
+
+#include <cstdlib>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+
+namespace kiln::jit {
+namespace {
+
+// Rough per-element cost of computing a node inline, used only to decide whether a value
+// shared by several consumers is cheaper to duplicate or to store.
+int own_cost(const Node& n) {
+  switch (n.op) {
+    case OpCode::Full:
+    case OpCode::Iota: return 0;  // literals and loop coordinates
+    case OpCode::RandUniform:
+    case OpCode::RandNormal: return 12;
+    case OpCode::Exp: case OpCode::Exp2: case OpCode::Log: case OpCode::Log2: case OpCode::Log1p:
+    case OpCode::Expm1: case OpCode::Sin: case OpCode::Cos: case OpCode::Tan: case OpCode::Tanh:
+    case OpCode::Sigmoid: case OpCode::Erf: case OpCode::Pow: return 4;
+    case OpCode::Div: case OpCode::Sqrt: case OpCode::Rsqrt: case OpCode::Reciprocal:
+    case OpCode::FloorDiv: case OpCode::Mod: return 2;
+    default: return 1;
+  }
+}
+
+constexpr int kDuplicateBudget = 12;
+// Inline cost from which a value read through a widening reindex (a broadcast) is stored
+// instead: exp(x) feeding a matmul operand would otherwise be recomputed per output column.
+constexpr int kBroadcastBudget = 4;
+
+}  // namespace
+
+bool pass_disabled(const char* pass) {
+  static std::mutex mutex;
+  static std::unordered_map<std::string, bool> cache;
+  std::lock_guard lock(mutex);
+  auto it = cache.find(pass);
+  if (it != cache.end()) return it->second;
+  const char* v = std::getenv((std::string("KILN_DISABLE_") + pass).c_str());
+  bool off = v != nullptr && v[0] != '\0' && std::string(v) != "0";
+  cache.emplace(pass, off);
+  return off;
+}
+
+FusionPlan fuse(const std::vector<Node*>& schedule, const std::unordered_set<Node*>& outputs) {
+  const bool no_fusion = pass_disabled("FUSION");
+  std::unordered_map<Node*, int> consumers;
+  std::unordered_set<Node*> forced;  // must be materialized whatever its cost
+  std::unordered_map<Node*, int64_t> widest_read;  // largest consumer numel through a reindex
+  for (Node* n : schedule) {
+    for (size_t k = 0; k < n->inputs.size(); ++k) {
+      Node* in = n->inputs[k].get();
+      consumers[in]++;
+      bool index_tensor = k > 0 && (n->op == OpCode::Reindex || n->op == OpCode::ReindexReduce);
+      if (index_tensor) forced.insert(in);
+      if (n->op == OpCode::Reindex && k == 0) {
+        widest_read[in] = std::max(widest_read[in], n->numel());
+      }
+    }
+  }
+
+  std::unordered_map<Node*, int> cost;  // inline cost; 0 once materialized
+  std::unordered_set<Node*> materialized;
+  for (Node* n : schedule) {
+    int c = own_cost(*n);
+    for (const NodePtr& in : n->inputs)
+      if (!in->is_evaluated() && !materialized.count(in.get())) c += cost[in.get()];
+    bool keep = no_fusion || outputs.count(n) || forced.count(n) || n->op == OpCode::ReindexReduce;
+    // Shared and costly: store once instead of recomputing per consumer.
+    if (!keep && consumers[n] > 1 && c > kDuplicateBudget) keep = true;
+    // Read through a broadcast that multiplies the work (matmul operands): store it.
+    if (!keep && c >= kBroadcastBudget && widest_read.count(n) &&
+        widest_read[n] > 2 * std::max<int64_t>(n->numel(), 1))
+      keep = true;
+    if (keep) {
+      materialized.insert(n);
+      cost[n] = 0;
+    } else {
+      cost[n] = c;
+    }
+  }
+
+  FusionPlan plan;
+  for (Node* root : schedule) {
+    if (!materialized.count(root)) continue;
+    FusionGroup g;
+    g.root = root;
+    std::unordered_set<Node*> seen{root};
+    std::unordered_set<Node*> input_seen;
+    // Collect the inline tree (post-order so members are inputs-first).
+    std::vector<std::pair<Node*, size_t>> stack{{root, 0}};
+    while (!stack.empty()) {
+      auto& [n, next] = stack.back();
+      if (next < n->inputs.size()) {
+        Node* in = n->inputs[next++].get();
+        if (in->is_evaluated() || materialized.count(in)) {
+          if (input_seen.insert(in).second) g.inputs.push_back(in);
+        } else if (seen.insert(in).second) {
+          stack.push_back({in, 0});
+        }
+      } else {
+        g.members.push_back(n);
+        stack.pop_back();
+      }
+    }
+    plan.groups.push_back(std::move(g));
+  }
+  return plan;
+}
+
+}  // namespace kiln::jit

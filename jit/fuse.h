@@ -1,0 +1,34 @@
+#pragma once
+// The fusion pass: decides which values are materialized and groups every other node into
+// the kernel of the value that consumes it.
+#include <unordered_set>
+#include <vector>
+
+#include "../core/node.h"
+
+namespace kiln::jit {
+
+/// One kernel: computes and stores `root`, with `members` computed inline.
+struct FusionGroup {
+  Node* root = nullptr;
+  /// Nodes computed inside the kernel (root included), inputs first.
+  std::vector<Node*> members;
+  /// Materialized nodes (earlier roots or evaluated leaves) that the kernel reads.
+  std::vector<Node*> inputs;
+};
+
+/// Kernels in execution order.
+struct FusionPlan {
+  std::vector<FusionGroup> groups;
+};
+
+/// Groups `schedule` (pending nodes, inputs first) into kernels. Values in `outputs`,
+/// reductions, index tensors and costly multi-use values are materialized; the rest is
+/// inlined into consumers (duplicated when several consumers share a cheap producer).
+/// KILN_DISABLE_FUSION=1 materializes every node (one kernel per node), for bisecting.
+FusionPlan fuse(const std::vector<Node*>& schedule, const std::unordered_set<Node*>& outputs);
+
+/// True when KILN_DISABLE_<PASS>=1 is set (read once per pass name).
+bool pass_disabled(const char* pass);
+
+}  // namespace kiln::jit

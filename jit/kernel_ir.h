@@ -1,0 +1,92 @@
+#pragma once
+// Kernel IR: what one generated kernel computes, independent of the language it is printed
+// in. A loop nest over a domain (the output's coordinates, or the reduction input's), a
+// DAG of scalar values (loads through composed index expressions, constants, ops), and one
+// store — plain or accumulating. Sizes, strides and offsets are kernel parameters
+// (IndexExpr::param), never literals, so one kernel serves every batch size.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "../core/node.h"
+#include "fuse.h"
+
+namespace kiln::jit {
+
+/// One scalar value of the kernel's expression DAG.
+struct IrValue {
+  enum class Kind : uint8_t {
+    Load,    ///< input buffer `buffer` at flat element offset `index` (guarded by `guard`)
+    Const,   ///< the number `value`
+    Coord,   ///< the integer `index` (an iota value)
+    Op,      ///< elementwise meta-op `op` of `args`
+    Cast,    ///< args[0] converted to `dtype`
+    Random,  ///< Philox value for flat index `index`, seed `seed`, offset param `offset_param`
+    InRange, ///< bool: every `bounds[k].first` lies in [0, bounds[k].second)
+  };
+  Kind kind = Kind::Const;
+  DType dtype = DType::Float32;
+  OpCode op = OpCode::Add;
+  std::vector<int> args;
+  int buffer = -1;
+  IndexExpr index;
+  /// Load: value when the guard (an InRange value) is false.
+  int guard = -1;
+  Scalar value;
+  /// Random: normal (true) or uniform.
+  bool normal = false;
+  uint64_t seed = 0;
+  int offset_param = -1;
+  std::vector<std::pair<IndexExpr, IndexExpr>> bounds;
+  /// InRange: the bound index whose violation is an IndexError (data-dependent reads), or empty.
+  std::vector<bool> bound_is_error;
+};
+
+/// A whole kernel.
+struct KernelIR {
+  enum class Kind : uint8_t {
+    Map,          ///< out[i] = value(i) over the output domain
+    InnerReduce,  ///< out[kept] = reduce over trailing domain vars of value(kept, reduced)
+    Scatter,      ///< out[store_index(i)] op= value(i) over the input domain, in order
+  };
+  Kind kind = Kind::Map;
+  /// Domain sizes, outermost first (params).
+  std::vector<IndexExpr> dims;
+  /// InnerReduce: the number of leading (kept) domain vars.
+  int kept = 0;
+  /// Scatter: the domain var split across threads (its range is [begin, end)), or -1: serial.
+  int parallel_var = -1;
+  /// Input buffers (slot 1.. in the kernel's buffer array; slot 0 is the output).
+  std::vector<DType> inputs;
+  DType out_dtype = DType::Float32;
+  std::vector<IrValue> values;
+  int result = -1;
+  ReduceOp reduce = ReduceOp::Sum;
+  /// Scatter: flat output offset and the bounds it must satisfy (skipped otherwise).
+  IndexExpr store_index;
+  int store_guard = -1;
+  /// Number of int64 parameters the kernel reads.
+  int num_params = 0;
+  /// Whether any value can raise IndexError (the kernel then gets an error record).
+  bool can_fail = false;
+  /// Ops this kernel came from (user-level names), for the header comment and metadata.
+  std::vector<std::string> source_ops;
+
+  /// Readable multi-line dump.
+  std::string dump() const;
+};
+
+/// A lowered kernel plus the parameter values and buffers of this particular launch.
+struct LoweredKernel {
+  KernelIR ir;
+  std::vector<int64_t> params;
+  /// Nodes whose buffers are inputs 1.. (in order).
+  std::vector<Node*> input_nodes;
+  /// Total iterations of the parallel range the executor splits across threads.
+  int64_t parallel_extent = 0;
+};
+
+/// Lowers one fusion group to kernel IR with this launch's parameters.
+LoweredKernel lower(const FusionGroup& group);
+
+}  // namespace kiln::jit

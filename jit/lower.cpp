@@ -1,0 +1,381 @@
+// Lowering: one fusion group to kernel IR. Inlined producers are expanded at the
+// coordinates their consumer reads them (index maps compose by substitution), materialized
+// values become loads, and every size-dependent integer becomes a kernel parameter.
+#include <algorithm>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "../core/tensor.h"
+#include "kernel_ir.h"
+
+namespace kiln::jit {
+namespace {
+
+struct Interval {
+  int64_t lo, hi;
+  bool known;
+};
+
+class Lowerer {
+ public:
+  explicit Lowerer(const FusionGroup& g) : group_(g), members_(g.members.begin(), g.members.end()) {}
+
+  LoweredKernel run();
+
+ private:
+  // --- parameters ---
+  IndexExpr param(int64_t v) {
+    // 0 and 1 stay literal: they decide broadcasting and unit strides, which are structure.
+    if (v == 0 || v == 1) return IndexExpr::constant(v);
+    out_.params.push_back(v);
+    return IndexExpr::param(static_cast<int>(out_.params.size() - 1));
+  }
+  int raw_param(int64_t v) {
+    out_.params.push_back(v);
+    return static_cast<int>(out_.params.size() - 1);
+  }
+
+  // --- buffers ---
+  int slot_of(Node* n) {
+    auto it = slots_.find(n);
+    if (it != slots_.end()) return it->second;
+    out_.input_nodes.push_back(n);
+    out_.ir.inputs.push_back(n->dtype);
+    int slot = static_cast<int>(out_.input_nodes.size());
+    slots_[n] = slot;
+    return slot;
+  }
+  const std::vector<IndexExpr>& strides_of(Node* n) {
+    auto it = strides_.find(n);
+    if (it != strides_.end()) return it->second;
+    std::vector<int64_t> s = contiguous_strides(n->shape);
+    std::vector<IndexExpr> e;
+    for (size_t d = 0; d < s.size(); ++d) {
+      // Size-1 dims are only ever read at 0; the last stride is 1 (contiguous rows).
+      e.push_back(n->shape[d] == 1 || d + 1 == s.size() ? IndexExpr::constant(s[d] == 1 ? 1 : 0) : param(s[d]));
+    }
+    return strides_[n] = e;
+  }
+  IndexExpr flat_offset(Node* n, const std::vector<IndexExpr>& coords) {
+    const std::vector<IndexExpr>& st = strides_of(n);
+    IndexExpr off = IndexExpr::constant(0);
+    for (size_t d = 0; d < coords.size(); ++d) {
+      if (n->shape[d] == 1) continue;
+      off = off + coords[d] * st[d];
+    }
+    return off;
+  }
+
+  // --- index expressions ---
+  IndexExpr substitute(const IndexExpr& e, const std::vector<IndexExpr>& vars, Node* owner) {
+    switch (e.kind()) {
+      case IndexExpr::Kind::Const: return param(e.value());
+      case IndexExpr::Kind::Var: return vars[e.value()];
+      case IndexExpr::Kind::Param: return e;
+      case IndexExpr::Kind::Load: {
+        Node* t = owner->inputs[e.value()].get();
+        std::vector<IndexExpr> cs;
+        for (const IndexExpr& a : e.args()) cs.push_back(substitute(a, vars, owner));
+        int slot = slot_of(t);
+        return IndexExpr::load(slot, {flat_offset(t, cs)});
+      }
+      default: break;
+    }
+    IndexExpr a = substitute(e.args()[0], vars, owner), b = substitute(e.args()[1], vars, owner);
+    switch (e.kind()) {
+      case IndexExpr::Kind::Add: return a + b;
+      case IndexExpr::Kind::Mul: return a * b;
+      case IndexExpr::Kind::FloorDiv: return floordiv(a, b);
+      case IndexExpr::Kind::Mod: return mod(a, b);
+      case IndexExpr::Kind::Min: return min(a, b);
+      default: return max(a, b);
+    }
+  }
+
+  // Range of an original (unsubstituted) map expression given the ranges of its vars.
+  Interval bound(const IndexExpr& e, const std::vector<Interval>& var_range) {
+    switch (e.kind()) {
+      case IndexExpr::Kind::Const: return {e.value(), e.value(), true};
+      case IndexExpr::Kind::Var: return var_range[e.value()];
+      case IndexExpr::Kind::Add: {
+        Interval a = bound(e.args()[0], var_range), b = bound(e.args()[1], var_range);
+        return {a.lo + b.lo, a.hi + b.hi, a.known && b.known};
+      }
+      case IndexExpr::Kind::Mul: {
+        Interval a = bound(e.args()[0], var_range), b = bound(e.args()[1], var_range);
+        if (!a.known || !b.known) return {0, 0, false};
+        int64_t c[4] = {a.lo * b.lo, a.lo * b.hi, a.hi * b.lo, a.hi * b.hi};
+        return {*std::min_element(c, c + 4), *std::max_element(c, c + 4), true};
+      }
+      case IndexExpr::Kind::FloorDiv:
+      case IndexExpr::Kind::Mod: {
+        Interval a = bound(e.args()[0], var_range), b = bound(e.args()[1], var_range);
+        if (!a.known || !b.known || b.lo != b.hi || b.lo <= 0) return {0, 0, false};
+        if (e.kind() == IndexExpr::Kind::Mod) return {0, b.lo - 1, true};
+        return {floordiv_i64(a.lo, b.lo), floordiv_i64(a.hi, b.lo), true};
+      }
+      default: return {0, 0, false};
+    }
+  }
+
+  // --- values ---
+  int emit(IrValue v) {
+    out_.ir.values.push_back(std::move(v));
+    return static_cast<int>(out_.ir.values.size() - 1);
+  }
+  int constant(const Scalar& s, DType dtype) {
+    IrValue v;
+    v.kind = IrValue::Kind::Const;
+    v.dtype = dtype;
+    // Convert exactly as a store of that dtype would, so literals match the reference.
+    alignas(8) unsigned char tmp[8] = {};
+    kiln::detail::store_scalar(tmp, dtype, 0, s);
+    if (is_floating(dtype)) v.value = kiln::detail::load_as_double(tmp, dtype, 0);
+    else if (dtype == DType::Bool) v.value = kiln::detail::load_as_int64(tmp, dtype, 0) != 0;
+    else v.value = kiln::detail::load_as_int64(tmp, dtype, 0);
+    return emit(std::move(v));
+  }
+
+  int guard_value() {
+    if (bounds_.empty()) return -1;
+    IrValue g;
+    g.kind = IrValue::Kind::InRange;
+    g.dtype = DType::Bool;
+    g.bounds = bounds_;
+    g.bound_is_error = bound_errors_;
+    return emit(std::move(g));
+  }
+
+  int value_of(Node* n, const std::vector<IndexExpr>& coords, bool is_root = false);
+
+  const FusionGroup& group_;
+  std::unordered_set<Node*> members_;
+  LoweredKernel out_;
+  std::unordered_map<Node*, int> slots_;
+  std::unordered_map<Node*, std::vector<IndexExpr>> strides_;
+  // Bounds of every enclosing reindex: loads inside are guarded by them.
+  std::vector<std::pair<IndexExpr, IndexExpr>> bounds_;
+  std::vector<bool> bound_errors_;
+  std::unordered_map<Node*, int> rand_offset_param_;
+};
+
+int Lowerer::value_of(Node* n, const std::vector<IndexExpr>& coords, bool is_root) {
+  if (!is_root && (n->is_evaluated() || !members_.count(n))) {
+    IrValue v;
+    v.kind = IrValue::Kind::Load;
+    v.dtype = n->dtype;
+    v.buffer = slot_of(n);
+    v.index = flat_offset(n, coords);
+    v.guard = guard_value();
+    return emit(std::move(v));
+  }
+  switch (n->op) {
+    case OpCode::Full: return constant(n->scalar, n->dtype);
+    case OpCode::Iota: {
+      IrValue v;
+      v.kind = IrValue::Kind::Coord;
+      v.dtype = n->dtype;
+      v.index = coords[n->axis];
+      return emit(std::move(v));
+    }
+    case OpCode::RandUniform:
+    case OpCode::RandNormal: {
+      IrValue v;
+      v.kind = IrValue::Kind::Random;
+      v.dtype = n->dtype;
+      v.normal = n->op == OpCode::RandNormal;
+      // Seed and offset are arguments: a new random tensor each step reuses the kernel.
+      v.offset_param = raw_param(static_cast<int64_t>(n->seed));
+      raw_param(static_cast<int64_t>(n->offset));
+      IndexExpr flat = IndexExpr::constant(0);
+      std::vector<int64_t> st = contiguous_strides(n->shape);
+      for (size_t d = 0; d < coords.size(); ++d) {
+        if (n->shape[d] != 1) flat = flat + coords[d] * param(st[d]);
+      }
+      v.index = flat;
+      return emit(std::move(v));
+    }
+    case OpCode::Cast: {
+      int a = value_of(n->inputs[0].get(), coords);
+      IrValue v;
+      v.kind = IrValue::Kind::Cast;
+      v.dtype = n->dtype;
+      v.args = {a};
+      return emit(std::move(v));
+    }
+    case OpCode::Reindex: {
+      Node* x = n->inputs[0].get();
+      std::vector<Interval> ranges;
+      for (int64_t s : n->shape) ranges.push_back({0, s - 1, true});
+      size_t saved = bounds_.size();
+      std::vector<IndexExpr> inner;
+      for (size_t d = 0; d < n->index_map.size(); ++d) {
+        const IndexExpr& m = n->index_map[d];
+        IndexExpr e = substitute(m, coords, n);
+        Interval b = bound(m, ranges);
+        if (!b.known || b.lo < 0 || b.hi >= x->shape[d]) {
+          bounds_.push_back({e, param(x->shape[d])});
+          bound_errors_.push_back(n->check_indices && m.has_load());
+          out_.ir.can_fail = out_.ir.can_fail || bound_errors_.back();
+        }
+        inner.push_back(e);
+      }
+      if (bounds_.size() == saved) return value_of(x, inner);
+      int g = guard_value();
+      int val = value_of(x, inner);
+      bounds_.resize(saved);
+      bound_errors_.resize(saved);
+      int fill = constant(n->scalar, n->dtype);
+      IrValue w;
+      w.kind = IrValue::Kind::Op;
+      w.op = OpCode::Where;
+      w.dtype = n->dtype;
+      w.args = {g, val, fill};
+      return emit(std::move(w));
+    }
+    default: break;
+  }
+  IrValue v;
+  v.kind = IrValue::Kind::Op;
+  v.op = n->op;
+  v.dtype = n->dtype;
+  for (const NodePtr& in : n->inputs) v.args.push_back(value_of(in.get(), coords));
+  return emit(std::move(v));
+}
+
+LoweredKernel Lowerer::run() {
+  Node* root = group_.root;
+  KernelIR& ir = out_.ir;
+  ir.out_dtype = root->dtype;
+  for (Node* m : group_.members) {
+    std::string name = m->origin ? m->origin : std::string(op_name(m->op));
+    if (std::find(ir.source_ops.begin(), ir.source_ops.end(), name) == ir.source_ops.end())
+      ir.source_ops.push_back(name);
+  }
+  std::vector<IndexExpr> vars;
+  auto make_domain = [&](const Shape& shape) {
+    for (size_t d = 0; d < shape.size(); ++d) {
+      ir.dims.push_back(param(shape[d]));
+      vars.push_back(IndexExpr::var(static_cast<int>(d)));
+    }
+  };
+
+  if (root->op != OpCode::ReindexReduce) {
+    ir.kind = KernelIR::Kind::Map;
+    make_domain(root->shape);
+    ir.result = value_of(root, vars, true);
+    out_.parallel_extent = root->numel();
+    return std::move(out_);
+  }
+
+  Node* x = root->inputs[0].get();
+  ir.reduce = root->reduce;
+  make_domain(x->shape);
+  // A "standard" reduction keeps some input dims in order and reduces a trailing block:
+  // it runs as an inner loop with lane accumulators. Anything else is a scatter.
+  std::vector<int> kept_vars;
+  bool standard = true;
+  for (size_t d = 0; d < root->index_map.size(); ++d) {
+    const IndexExpr& m = root->index_map[d];
+    if (m.kind() == IndexExpr::Kind::Var) kept_vars.push_back(static_cast<int>(m.value()));
+    else if (!(m.is_const() && m.value() == 0 && root->shape[d] == 1)) standard = false;
+  }
+  for (size_t k = 0; k < kept_vars.size() && standard; ++k)
+    if (kept_vars[k] != static_cast<int>(k)) standard = false;
+  if (standard) {
+    ir.kind = KernelIR::Kind::InnerReduce;
+    ir.kept = static_cast<int>(kept_vars.size());
+    ir.result = value_of(x, vars);
+    int64_t kept_n = 1, reduced_n = 1;
+    for (size_t d = 0; d < x->shape.size(); ++d) (static_cast<int>(d) < ir.kept ? kept_n : reduced_n) *= x->shape[d];
+    out_.parallel_extent = ir.kept > 0 ? kept_n : reduced_n;
+    return std::move(out_);
+  }
+
+  ir.kind = KernelIR::Kind::Scatter;
+  ir.result = value_of(x, vars);
+  std::vector<Interval> ranges;
+  for (int64_t s : x->shape) ranges.push_back({0, s - 1, true});
+  std::vector<int64_t> ost = contiguous_strides(root->shape);
+  IndexExpr store = IndexExpr::constant(0);
+  std::vector<std::pair<IndexExpr, IndexExpr>> store_bounds;
+  std::vector<bool> store_errors;
+  for (size_t d = 0; d < root->index_map.size(); ++d) {
+    const IndexExpr& m = root->index_map[d];
+    IndexExpr e = substitute(m, vars, root);
+    Interval b = bound(m, ranges);
+    if (!b.known || b.lo < 0 || b.hi >= root->shape[d]) {
+      store_bounds.push_back({e, param(root->shape[d])});
+      store_errors.push_back(root->check_indices && m.has_load());
+      ir.can_fail = ir.can_fail || store_errors.back();
+    }
+    if (root->shape[d] != 1) store = store + e * param(ost[d]);
+    if (ir.parallel_var < 0 && m.kind() == IndexExpr::Kind::Var) ir.parallel_var = static_cast<int>(m.value());
+  }
+  ir.store_index = store;
+  if (!store_bounds.empty()) {
+    IrValue g;
+    g.kind = IrValue::Kind::InRange;
+    g.dtype = DType::Bool;
+    g.bounds = store_bounds;
+    g.bound_is_error = store_errors;
+    ir.store_guard = emit(std::move(g));
+  }
+  out_.parallel_extent = ir.parallel_var >= 0 ? x->shape[ir.parallel_var] : 1;
+  return std::move(out_);
+}
+
+std::string value_str(const IrValue& v, int id) {
+  std::string s = "  v" + std::to_string(id) + ": " + std::string(dtype_name(v.dtype)) + " = ";
+  auto args = [&] {
+    std::string a;
+    for (size_t k = 0; k < v.args.size(); ++k) a += (k ? ", v" : "v") + std::to_string(v.args[k]);
+    return a;
+  };
+  switch (v.kind) {
+    case IrValue::Kind::Load:
+      s += "load b" + std::to_string(v.buffer) + "[" + v.index.str() + "]";
+      if (v.guard >= 0) s += " if v" + std::to_string(v.guard);
+      break;
+    case IrValue::Kind::Const: s += v.value.str(); break;
+    case IrValue::Kind::Coord: s += "coord " + v.index.str(); break;
+    case IrValue::Kind::Op: s += std::string(op_name(v.op)) + "(" + args() + ")"; break;
+    case IrValue::Kind::Cast: s += "cast(" + args() + ")"; break;
+    case IrValue::Kind::Random:
+      s += std::string(v.normal ? "randn" : "rand") + "(seed=p" + std::to_string(v.offset_param) +
+           ", offset=p" + std::to_string(v.offset_param + 1) + ", index=" + v.index.str() + ")";
+      break;
+    case IrValue::Kind::InRange:
+      s += "in_range(";
+      for (size_t k = 0; k < v.bounds.size(); ++k)
+        s += (k ? ", " : "") + v.bounds[k].first.str() + " < " + v.bounds[k].second.str() +
+             (v.bound_is_error[k] ? " else IndexError" : "");
+      s += ")";
+      break;
+  }
+  return s + "\n";
+}
+
+}  // namespace
+
+LoweredKernel lower(const FusionGroup& group) { return Lowerer(group).run(); }
+
+std::string KernelIR::dump() const {
+  static const char* kinds[] = {"map", "inner_reduce", "scatter"};
+  std::string s = std::string(kinds[static_cast<int>(kind)]) + " over [";
+  for (size_t d = 0; d < dims.size(); ++d) s += (d ? ", " : "") + dims[d].str();
+  s += "]";
+  if (kind == Kind::InnerReduce) s += " kept=" + std::to_string(kept) + " " + std::string(reduce_name(reduce));
+  if (kind == Kind::Scatter) {
+    s += " " + std::string(reduce_name(reduce)) + " into out[" + store_index.str() + "]";
+    if (parallel_var >= 0) s += " parallel over i" + std::to_string(parallel_var);
+  }
+  s += " -> " + std::string(dtype_name(out_dtype)) + "\n  ops: ";
+  for (size_t k = 0; k < source_ops.size(); ++k) s += (k ? ", " : "") + source_ops[k];
+  s += "\n";
+  for (size_t i = 0; i < values.size(); ++i) s += value_str(values[i], static_cast<int>(i));
+  s += "  store v" + std::to_string(result) + "\n";
+  return s;
+}
+
+}  // namespace kiln::jit
