@@ -35,21 +35,9 @@ demo: setup build
 test: setup build
 	ctest --test-dir $(BUILD_DIR) $(CTEST_ARGS)
 
+# Builds, runs every benchmark and writes bench/results/latest.json (docs/benchmarks.md).
 bench: setup build
-	@if [ ! -d $(BUILD_DIR)/bench ]; then \
-	  echo "bench: no $(BUILD_DIR)/bench folder yet; no benchmarks are built"; \
-	  exit 0; \
-	fi; \
-	found=0; status=0; \
-	for exe in $(BUILD_DIR)/bench/bench_*; do \
-	  if [ -f "$$exe" ] && [ -x "$$exe" ]; then \
-	    found=1; \
-	    echo "== $$exe"; \
-	    "$$exe" || status=1; \
-	  fi; \
-	done; \
-	if [ $$found -eq 0 ]; then echo "bench: no bench_* executables in $(BUILD_DIR)/bench"; fi; \
-	exit $$status
+	@bash bench/run_all.sh $(BUILD_DIR)
 
 # Separate tree so that sanitizer objects never mix with the release build.
 asan: | setup

@@ -225,6 +225,11 @@ void evaluate_nodes(const std::vector<Node*>& nodes) {
     if (n != nullptr && !n->is_evaluated()) requested.push_back(n);
   std::vector<Node*> schedule = pending_subgraph(requested);
   if (schedule.empty()) return;
+  // Executors may rewire edges (CSE drops duplicates), which can release nodes this list
+  // still names; hold them until the edges are dropped below.
+  std::vector<NodePtr> alive;
+  alive.reserve(schedule.size());
+  for (Node* n : schedule) alive.push_back(n->shared_from_this());
   ExecutorFn fn = select_executor(nullptr);
   std::vector<NodePtr> extra = overlapping_held({schedule.begin(), schedule.end()});
   bool ran = false;
@@ -232,6 +237,7 @@ void evaluate_nodes(const std::vector<Node*>& nodes) {
     std::vector<Node*> all = requested;
     for (const NodePtr& e : extra) all.push_back(e.get());
     std::vector<Node*> joint = pending_subgraph(all);
+    for (Node* n : joint) alive.push_back(n->shared_from_this());
     try {
       fn(joint, all);
       schedule = std::move(joint);

@@ -76,10 +76,15 @@ Acc combine(ReduceOp op, Acc a, Acc b) {
 
 const char* name_of(const Node& n) { return n.origin ? n.origin : op_name(n.op).data(); }
 
-[[noreturn]] void raise_index_error(const Node& root, const int64_t* err) {
-  throw IndexError("[" + std::string(name_of(root)) + "] index " + std::to_string(err[2]) +
-                   " is out of range for a dimension of size " + std::to_string(err[3]) +
-                   "; expected 0 <= index < " + std::to_string(err[3]));
+[[noreturn]] void raise_index_error(const KernelIR& ir, const Node& root, const int64_t* err) {
+  std::string op = name_of(root), where = "a dimension";
+  if (err[1] >= 0 && static_cast<size_t>(err[1]) < ir.error_sites.size()) {
+    const KernelIR::ErrorSite& site = ir.error_sites[err[1]];
+    op = site.op;
+    where = "dimension " + std::to_string(site.dim) + " of shape " + shape_str(site.shape);
+  }
+  throw IndexError("[" + op + "] index " + std::to_string(err[2]) + " is out of range for " + where +
+                   " (size " + std::to_string(err[3]) + "); expected 0 <= index < " + std::to_string(err[3]));
 }
 
 void run_whole_reduction(const LoweredKernel& lk, KernelFn fn, std::vector<char*>& bufs, Node& root) {
@@ -135,10 +140,33 @@ void run_scatter(const LoweredKernel& lk, KernelFn fn, std::vector<char*>& bufs,
   }
 }
 
+// Compiled kernels by IR structure, so that a launch of a known kernel skips printing and
+// hashing its source. Evaluations are serialized (core/node.cpp), so no lock is needed
+// beyond that; the mutex only guards against executors called directly from tests.
+std::mutex g_memo_mutex;
+std::unordered_map<uint64_t, KernelHandle> g_memo;
+
+KernelHandle kernel_for(const KernelIR& ir) {
+  uint64_t key = ir.structure_hash();
+  {
+    std::lock_guard lock(g_memo_mutex);
+    auto it = g_memo.find(key);
+    if (it != g_memo.end()) {
+      if (it->second.record) ++it->second.record->hits;
+      return it->second;
+    }
+  }
+  PrintedKernel pk = print_cpp(ir);
+  KernelHandle h = kernel_cache().get(pk.source, pk.entry, ir.source_ops, cpu_compiler());
+  std::lock_guard lock(g_memo_mutex);
+  g_memo[key] = h;
+  return h;
+}
+
 void run_group(const FusionGroup& group) {
+  if (group.library) return run_gemm(group.gemm);
   LoweredKernel lk = lower(group);
-  PrintedKernel pk = print_cpp(lk.ir);
-  KernelHandle h = kernel_cache().get(pk.source, pk.entry, lk.ir.source_ops, cpu_compiler());
+  KernelHandle h = kernel_for(lk.ir);
   auto fn = reinterpret_cast<KernelFn>(h.fn);
   Node& root = *group.root;
   auto buffer = std::make_shared<Buffer>(root.nbytes(), root.device);
@@ -177,7 +205,7 @@ void run_group(const FusionGroup& group) {
   if (t1 != nullptr) ++t1->launches;
   if (err[0] != 0) {
     root.buffer.reset();
-    raise_index_error(root, err);
+    raise_index_error(lk.ir, root, err);
   }
 }
 
@@ -191,8 +219,15 @@ Plan make_plan(const std::vector<Node*>& schedule, const std::vector<Node*>& req
   Plan p;
   std::vector<Node*> outs(requested.begin(), requested.end());
   std::unordered_set<Node*> req(requested.begin(), requested.end());
+  std::unordered_set<Node*> consumed;
   for (Node* n : schedule)
-    if (!req.count(n) && n->handles.load(std::memory_order_relaxed) > 0) outs.push_back(n);
+    for (const NodePtr& in : n->inputs) consumed.insert(in.get());
+  // Held results nothing here consumes (a loss next to an update) are kept. Held values
+  // that feed others are left to fusion: forcing them out would split every kernel whose
+  // temporaries are still alive, as in `sum(relu(a * b + c)).item<float>()`; if they were
+  // fused away, reading them later recomputes them.
+  for (Node* n : schedule)
+    if (!req.count(n) && !consumed.count(n) && n->handles.load(std::memory_order_relaxed) > 0) outs.push_back(n);
   p.simplified = simplify(schedule, outs);
   for (Node* o : outs) {
     auto it = p.simplified.alias.find(o);
@@ -224,7 +259,9 @@ void execute(const std::vector<Node*>& schedule, const std::vector<Node*>& reque
     if (out != rep && rep->buffer) out->buffer = rep->buffer;
   }
   std::lock_guard lock(g_stats_mutex);
-  g_last_stats = EvalStats{plan.simplified.schedule.size(), groups.size(), 0};
+  size_t library = 0;
+  for (const FusionGroup& g : groups) library += g.library ? 1 : 0;
+  g_last_stats = EvalStats{plan.simplified.schedule.size(), groups.size() - library, library};
 }
 
 const bool kRegistered = [] {

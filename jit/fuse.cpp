@@ -1,5 +1,6 @@
 #include "fuse.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <mutex>
 #include <string>
@@ -26,6 +27,7 @@ int own_cost(const Node& n) {
 }
 
 constexpr int kDuplicateBudget = 12;
+constexpr int kMaxInlineDepth = 48;
 // Inline cost from which a value read through a widening reindex (a broadcast) is stored
 // instead: exp(x) feeding a matmul operand would otherwise be recomputed per output column.
 constexpr int kBroadcastBudget = 4;
@@ -61,13 +63,39 @@ FusionPlan fuse(const std::vector<Node*>& schedule, const std::unordered_set<Nod
     }
   }
 
+  std::unordered_map<Node*, GemmMatch> gemms;
+  std::unordered_set<Node*> absorbed;
+  if (!no_fusion && !pass_disabled("LIBRARY")) {
+    auto single_use = [&](Node* n) { return consumers[n] == 1 && !outputs.count(n); };
+    for (Node* n : schedule) {
+      GemmMatch m;
+      if (n->op == OpCode::ReindexReduce && match_gemm(n, single_use, &m)) {
+        for (Node* x : m.absorbed) absorbed.insert(x);
+        // The library reads buffers, so its operands are stored whatever they cost.
+        forced.insert(m.a);
+        forced.insert(m.b);
+        gemms[n] = m;
+      }
+    }
+  }
+
   std::unordered_map<Node*, int> cost;  // inline cost; 0 once materialized
+  std::unordered_map<Node*, int> depth;  // longest inlined chain below the node
   std::unordered_set<Node*> materialized;
   for (Node* n : schedule) {
     int c = own_cost(*n);
-    for (const NodePtr& in : n->inputs)
-      if (!in->is_evaluated() && !materialized.count(in.get())) c += cost[in.get()];
+    int dep = 1;
+    for (const NodePtr& in : n->inputs) {
+      if (!in->is_evaluated() && !materialized.count(in.get())) {
+        c += cost[in.get()];
+        dep = std::max(dep, depth[in.get()] + 1);
+      }
+    }
+    depth[n] = dep;
     bool keep = no_fusion || outputs.count(n) || forced.count(n) || n->op == OpCode::ReindexReduce;
+    // Long chains are cut into kernels of bounded depth: lowering walks them recursively
+    // and one huge expression compiles slowly.
+    if (!keep && dep >= kMaxInlineDepth) keep = true;
     // Shared and costly: store once instead of recomputing per consumer.
     if (!keep && consumers[n] > 1 && c > kDuplicateBudget) keep = true;
     // Read through a broadcast that multiplies the work (matmul operands): store it.
@@ -77,6 +105,7 @@ FusionPlan fuse(const std::vector<Node*>& schedule, const std::unordered_set<Nod
     if (keep) {
       materialized.insert(n);
       cost[n] = 0;
+      depth[n] = 0;
     } else {
       cost[n] = c;
     }
@@ -87,6 +116,17 @@ FusionPlan fuse(const std::vector<Node*>& schedule, const std::unordered_set<Nod
     if (!materialized.count(root)) continue;
     FusionGroup g;
     g.root = root;
+    auto gm = gemms.find(root);
+    if (gm != gemms.end()) {
+      g.library = true;
+      g.gemm = gm->second;
+      g.members = gm->second.absorbed;
+      g.members.push_back(root);
+      for (Node* in : {gm->second.a, gm->second.b})
+        if (std::find(g.inputs.begin(), g.inputs.end(), in) == g.inputs.end()) g.inputs.push_back(in);
+      plan.groups.push_back(std::move(g));
+      continue;
+    }
     std::unordered_set<Node*> seen{root};
     std::unordered_set<Node*> input_seen;
     // Collect the inline tree (post-order so members are inputs-first).

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "../core/node.h"
+#include "library_gemm.h"
 
 namespace kiln::jit {
 
@@ -15,6 +16,9 @@ struct FusionGroup {
   std::vector<Node*> members;
   /// Materialized nodes (earlier roots or evaluated leaves) that the kernel reads.
   std::vector<Node*> inputs;
+  /// Set when the group runs as a library GEMM instead of a generated kernel.
+  bool library = false;
+  GemmMatch gemm;
 };
 
 /// Kernels in execution order.
@@ -25,7 +29,9 @@ struct FusionPlan {
 /// Groups `schedule` (pending nodes, inputs first) into kernels. Values in `outputs`,
 /// reductions, index tensors and costly multi-use values are materialized; the rest is
 /// inlined into consumers (duplicated when several consumers share a cheap producer).
-/// KILN_DISABLE_FUSION=1 materializes every node (one kernel per node), for bisecting.
+/// Matmul compositions of float32/float64 become library GEMM groups.
+/// KILN_DISABLE_FUSION=1 materializes every node (one kernel per node) and
+/// KILN_DISABLE_LIBRARY=1 keeps matmuls as generated code, for bisecting.
 FusionPlan fuse(const std::vector<Node*>& schedule, const std::unordered_set<Node*>& outputs);
 
 /// True when KILN_DISABLE_<PASS>=1 is set (read once per pass name).

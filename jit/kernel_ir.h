@@ -38,8 +38,10 @@ struct IrValue {
   uint64_t seed = 0;
   int offset_param = -1;
   std::vector<std::pair<IndexExpr, IndexExpr>> bounds;
-  /// InRange: the bound index whose violation is an IndexError (data-dependent reads), or empty.
+  /// InRange: per bound, whether violating it is an IndexError (data-dependent reads).
   std::vector<bool> bound_is_error;
+  /// InRange: per bound, the KernelIR::error_sites entry it reports, or -1.
+  std::vector<int> bound_site;
 };
 
 /// A whole kernel.
@@ -69,11 +71,22 @@ struct KernelIR {
   int num_params = 0;
   /// Whether any value can raise IndexError (the kernel then gets an error record).
   bool can_fail = false;
+  /// Where an IndexError can come from: the user-level op, the dimension and the shape
+  /// indexed, so the executor's message names them.
+  struct ErrorSite {
+    std::string op;
+    int dim;
+    Shape shape;
+  };
+  std::vector<ErrorSite> error_sites;
   /// Ops this kernel came from (user-level names), for the header comment and metadata.
   std::vector<std::string> source_ops;
 
   /// Readable multi-line dump.
   std::string dump() const;
+  /// Structural hash: equal for kernels that print the same source (parameter values are
+  /// not part of it), so launches can find their compiled kernel without printing.
+  uint64_t structure_hash() const;
 };
 
 /// A lowered kernel plus the parameter values and buffers of this particular launch.

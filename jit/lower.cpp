@@ -2,6 +2,7 @@
 // coordinates their consumer reads them (index maps compose by substitution), materialized
 // values become loads, and every size-dependent integer becomes a kernel parameter.
 #include <algorithm>
+#include <functional>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -143,6 +144,7 @@ class Lowerer {
     g.dtype = DType::Bool;
     g.bounds = bounds_;
     g.bound_is_error = bound_errors_;
+    g.bound_site = bound_sites_;
     return emit(std::move(g));
   }
 
@@ -156,7 +158,12 @@ class Lowerer {
   // Bounds of every enclosing reindex: loads inside are guarded by them.
   std::vector<std::pair<IndexExpr, IndexExpr>> bounds_;
   std::vector<bool> bound_errors_;
-  std::unordered_map<Node*, int> rand_offset_param_;
+  std::vector<int> bound_sites_;
+
+  int error_site(const Node& n, size_t dim, const Shape& shape) {
+    out_.ir.error_sites.push_back({n.origin ? n.origin : std::string(op_name(n.op)), static_cast<int>(dim), shape});
+    return static_cast<int>(out_.ir.error_sites.size() - 1);
+  }
 };
 
 int Lowerer::value_of(Node* n, const std::vector<IndexExpr>& coords, bool is_root) {
@@ -216,6 +223,7 @@ int Lowerer::value_of(Node* n, const std::vector<IndexExpr>& coords, bool is_roo
         if (!b.known || b.lo < 0 || b.hi >= x->shape[d]) {
           bounds_.push_back({e, param(x->shape[d])});
           bound_errors_.push_back(n->check_indices && m.has_load());
+          bound_sites_.push_back(bound_errors_.back() ? error_site(*n, d, x->shape) : -1);
           out_.ir.can_fail = out_.ir.can_fail || bound_errors_.back();
         }
         inner.push_back(e);
@@ -225,6 +233,7 @@ int Lowerer::value_of(Node* n, const std::vector<IndexExpr>& coords, bool is_roo
       int val = value_of(x, inner);
       bounds_.resize(saved);
       bound_errors_.resize(saved);
+      bound_sites_.resize(saved);
       int fill = constant(n->scalar, n->dtype);
       IrValue w;
       w.kind = IrValue::Kind::Op;
@@ -300,6 +309,7 @@ LoweredKernel Lowerer::run() {
   IndexExpr store = IndexExpr::constant(0);
   std::vector<std::pair<IndexExpr, IndexExpr>> store_bounds;
   std::vector<bool> store_errors;
+  std::vector<int> store_sites;
   for (size_t d = 0; d < root->index_map.size(); ++d) {
     const IndexExpr& m = root->index_map[d];
     IndexExpr e = substitute(m, vars, root);
@@ -307,6 +317,7 @@ LoweredKernel Lowerer::run() {
     if (!b.known || b.lo < 0 || b.hi >= root->shape[d]) {
       store_bounds.push_back({e, param(root->shape[d])});
       store_errors.push_back(root->check_indices && m.has_load());
+      store_sites.push_back(store_errors.back() ? error_site(*root, d, root->shape) : -1);
       ir.can_fail = ir.can_fail || store_errors.back();
     }
     if (root->shape[d] != 1) store = store + e * param(ost[d]);
@@ -319,6 +330,7 @@ LoweredKernel Lowerer::run() {
     g.dtype = DType::Bool;
     g.bounds = store_bounds;
     g.bound_is_error = store_errors;
+    g.bound_site = store_sites;
     ir.store_guard = emit(std::move(g));
   }
   out_.parallel_extent = ir.parallel_var >= 0 ? x->shape[ir.parallel_var] : 1;
@@ -359,6 +371,40 @@ std::string value_str(const IrValue& v, int id) {
 }  // namespace
 
 LoweredKernel lower(const FusionGroup& group) { return Lowerer(group).run(); }
+
+uint64_t KernelIR::structure_hash() const {
+  uint64_t h = 0x6b696c6e6b65726eULL;
+  auto mix = [&h](uint64_t v) {
+    h ^= v + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2);
+    h *= 0xff51afd7ed558ccdULL;
+  };
+  mix(static_cast<uint64_t>(kind));
+  for (const IndexExpr& d : dims) mix(d.hash());
+  mix(static_cast<uint64_t>(kept));
+  mix(static_cast<uint64_t>(parallel_var + 1));
+  for (DType t : inputs) mix(static_cast<uint64_t>(t));
+  mix(static_cast<uint64_t>(out_dtype));
+  for (const IrValue& v : values) {
+    mix(static_cast<uint64_t>(v.kind) << 16 | static_cast<uint64_t>(v.dtype) << 8 | static_cast<uint64_t>(v.op));
+    for (int a : v.args) mix(static_cast<uint64_t>(a));
+    mix(static_cast<uint64_t>(v.buffer + 1));
+    mix(v.index.hash());
+    mix(static_cast<uint64_t>(v.guard + 1));
+    mix(std::hash<std::string>{}(v.value.str()) ^ static_cast<uint64_t>(v.value.kind()));
+    mix(static_cast<uint64_t>(v.normal) << 32 | static_cast<uint64_t>(v.offset_param + 1));
+    for (size_t k = 0; k < v.bounds.size(); ++k) {
+      mix(v.bounds[k].first.hash());
+      mix(v.bounds[k].second.hash() ^ (v.bound_is_error[k] ? 1 : 0));
+      mix(static_cast<uint64_t>(v.bound_site[k] + 1));
+    }
+  }
+  mix(static_cast<uint64_t>(result + 1));
+  mix(static_cast<uint64_t>(reduce));
+  mix(store_index.hash());
+  mix(static_cast<uint64_t>(store_guard + 1));
+  mix(static_cast<uint64_t>(can_fail));
+  return h;
+}
 
 std::string KernelIR::dump() const {
   static const char* kinds[] = {"map", "inner_reduce", "scatter"};

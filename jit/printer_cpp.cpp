@@ -130,6 +130,9 @@ std::string cast_expr(DType from, DType to, const std::string& x) {
                                    "-9223372036854775808.0, 9223372036854775807.0, (-9223372036854775807LL - 1), 9223372036854775807LL"};
     return "sat((double)(" + x + "), " + bounds[static_cast<int>(to)] + ")";
   }
+  bool half = to == DType::Float16 || to == DType::BFloat16;
+  // Through float rounded to odd, so the 16-bit result rounds once, as the reference's does.
+  if (half && (from == DType::Float64 || !is_floating(from))) return normalize(to, "odd_f((double)(" + x + "))");
   if (!is_floating(from) && is_floating(to)) return normalize(to, "(" + compute_type(to) + ")(" + x + ")");
   return normalize(to, x);
 }
@@ -192,7 +195,7 @@ struct Printer {
               std::string ex = index_str(x.bounds[k].first), n = index_str(x.bounds[k].second);
               std::string pre = bounds_check(x, false, true);
               body += indent + "if (" + (pre.empty() ? "" : "(" + pre + ") && ") + "!((" + ex + ") >= 0 && (" + ex +
-                      ") < " + n + ")) kiln_index_error(err, " + std::to_string(k) + ", " + ex + ", " + n + ");\n";
+                      ") < " + n + ")) kiln_index_error(err, " + std::to_string(x.bound_site[k]) + ", " + ex + ", " + n + ");\n";
             }
           }
           e = bounds_check(x, false, false);

@@ -75,8 +75,9 @@ TEST_CASE("graph: building ops evaluates nothing until a value is read", "[graph
     const Tensor& same = z.eval();
     CHECK(&same == &z);
     CHECK(z.is_evaluated());
-    CHECK(y.is_evaluated());  // held by the user and on the way: kept
-    CHECK(r.is_evaluated());
+    // y and r are held but consumed inside the evaluation: whether they are stored is
+    // fusion's choice; their values are right either way (r is counter-based random, so
+    // recomputing it gives the bits z saw).
     std::vector<float> zv = z.to_vector<float>(), rv = r.to_vector<float>();
     for (size_t i = 0; i < v.size(); ++i) CHECK(zv[i] == Approx(std::exp(v[i] * 2.0 + 1.0) - rv[i]).epsilon(1e-5));
   }
@@ -90,7 +91,8 @@ TEST_CASE("graph: eval of several tensors together shares their common work", "[
   kiln::eval({p, q});
   CHECK(p.is_evaluated());
   CHECK(q.is_evaluated());
-  CHECK(shared.is_evaluated());
+  // `shared` is held but consumed inside the evaluation: fusion may recompute it per
+  // consumer instead of storing it, so only its value is checked (below).
   CHECK_FALSE(unrelated.is_evaluated());
   std::vector<float> pv = p.to_vector<float>(), qv = q.to_vector<float>();
   for (size_t i = 0; i < v.size(); ++i) {
@@ -150,15 +152,25 @@ TEST_CASE("graph: a 10,000-step loop keeps node count and pool memory flat", "[g
   for (float f : final_values) CHECK(f == 2.0f);
 }
 
-TEST_CASE("graph: weak sync keeps held intermediates, unheld ones give their memory back", "[graph][memory]") {
-  SECTION("a held intermediate is evaluated along with its consumer") {
+TEST_CASE("graph: held results are kept, unheld intermediates give their memory back", "[graph][memory]") {
+  SECTION("a held pending result that overlaps the request is evaluated with it (weak sync)") {
+    std::vector<float> v = random_floats(16, 5);
+    Tensor x = kiln::from_vector<float>(v);
+    Tensor shared = x * 3.0f;
+    Tensor loss = kiln::sum(shared);
+    Tensor update = shared + 1.0f;
+    update.eval();
+    CHECK(loss.is_evaluated());
+    float want = 0;
+    for (float f : v) want += f * 3.0f;
+    CHECK(loss.item<float>() == Approx(want).epsilon(1e-5));
+  }
+  SECTION("a held intermediate reads back right after its consumer is evaluated") {
     std::vector<float> v = random_floats(16, 4);
     Tensor x = kiln::from_vector<float>(v);
     Tensor y = x * 2.0f;
     Tensor z = y + 1.0f;
     z.eval();
-    CHECK(y.is_evaluated());
-    CHECK(y.node()->inputs.empty());
     std::vector<float> yv = y.to_vector<float>(), zv = z.to_vector<float>();
     for (size_t i = 0; i < v.size(); ++i) {
       CHECK(yv[i] == v[i] * 2.0f);
@@ -170,7 +182,7 @@ TEST_CASE("graph: weak sync keeps held intermediates, unheld ones give their mem
     Tensor r = kiln::rand({32});
     Tensor s = r * 10.0f;
     s.eval();
-    REQUIRE(r.is_evaluated());
+    // Recomputing r (if it was fused away) reproduces its bits: counter-based RNG.
     std::vector<float> rv = r.to_vector<float>(), sv = s.to_vector<float>();
     for (size_t i = 0; i < rv.size(); ++i) CHECK(sv[i] == rv[i] * 10.0f);
   }

@@ -1,0 +1,273 @@
+// The fallback CPU compiler: the system C++ compiler ($CXX, else `c++`) run as a
+// subprocess, producing a shared object that dlopen loads.
+//
+// Why a shared object: it is the one image format both compile-here and load-elsewhere
+// understand without a linker of our own. The image is written to a private file only for
+// the duration of dlopen (glibc cannot load from memory); the file is unlinked at once,
+// and the mapping lives until the module is destroyed.
+//
+// No shell is involved: arguments go straight to posix_spawnp, so neither the source path
+// nor $CXX can inject commands. $CXX is split on whitespace (as make does), so
+// CXX="ccache g++" works.
+#include <dlfcn.h>
+#include <fcntl.h>
+#include <spawn.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <iterator>
+#include <sstream>
+
+#include "core/error.h"
+#include "jit/compiler.h"
+
+extern char** environ;
+
+namespace kiln::jit {
+namespace {
+
+// The flags mirror the LLVM compiler's (see compiler_llvm.cpp): host ISA, no FMA
+// contraction (results then match the reference evaluator and the other compiler more
+// closely), no errno from math functions (so sqrt and friends vectorize).
+const std::vector<std::string> kFlags = {"-std=c++17",     "-O3",        "-march=native",
+                                         "-ffp-contract=off", "-fno-math-errno", "-fwrapv",
+                                         "-fPIC",          "-shared"};
+
+std::string temp_root() {
+  const char* dir = std::getenv("TMPDIR");
+  return dir && *dir ? dir : "/tmp";
+}
+
+std::string errno_text() { return std::strerror(errno); }
+
+// A private directory (mode 0700 from mkdtemp), removed with its files on destruction.
+class TempDir {
+ public:
+  TempDir() {
+    std::string pattern = temp_root() + "/kiln-cc-XXXXXX";
+    if (!mkdtemp(pattern.data()))
+      throw CompileError("[jit] cannot create a temporary directory under " + temp_root() +
+                         ": " + errno_text());
+    path_ = pattern;
+  }
+  ~TempDir() {
+    for (const auto& f : files_) ::unlink(f.c_str());
+    ::rmdir(path_.c_str());
+  }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  /// Path of `name` inside the directory; the file is removed with the directory.
+  std::string file(const std::string& name) {
+    files_.push_back(path_ + "/" + name);
+    return files_.back();
+  }
+
+ private:
+  std::string path_;
+  std::vector<std::string> files_;
+};
+
+std::string read_text(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+void write_file(const std::string& path, const void* data, size_t size) {
+  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  if (fd < 0) throw CompileError("[jit] cannot write " + path + ": " + errno_text());
+  const char* p = static_cast<const char*>(data);
+  while (size > 0) {
+    ssize_t w = ::write(fd, p, size);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) {
+      std::string why = errno_text();
+      ::close(fd);
+      throw CompileError("[jit] cannot write " + path + ": " + why);
+    }
+    p += w;
+    size -= static_cast<size_t>(w);
+  }
+  if (::close(fd) != 0) throw CompileError("[jit] cannot write " + path + ": " + errno_text());
+}
+
+std::vector<std::string> compiler_command() {
+  std::vector<std::string> words;
+  const char* cxx = std::getenv("CXX");
+  std::istringstream in(cxx && *cxx ? cxx : "c++");
+  for (std::string w; in >> w;) words.push_back(w);
+  if (words.empty()) words.push_back("c++");
+  return words;
+}
+
+std::string join(const std::vector<std::string>& words) {
+  std::string out;
+  for (const auto& w : words) out += (out.empty() ? "" : " ") + w;
+  return out;
+}
+
+// The compiler's environment: ours, with the C locale so that diagnostics are plain ASCII
+// (GCC quotes with U+2018/U+2019 under UTF-8 locales) and read the same on every machine.
+std::vector<std::string> compiler_environment() {
+  std::vector<std::string> env;
+  for (char** e = environ; e && *e; ++e) {
+    std::string entry = *e;
+    if (entry.rfind("LC_", 0) == 0 || entry.rfind("LANG=", 0) == 0 ||
+        entry.rfind("LANGUAGE=", 0) == 0)
+      continue;
+    env.push_back(std::move(entry));
+  }
+  env.push_back("LC_ALL=C");
+  return env;
+}
+
+// Runs argv with stdin from /dev/null and stdout+stderr into `log_path`. Returns the exit
+// status (128+signal when killed); throws CompileError when the program cannot be started.
+int run_process(const std::vector<std::string>& argv, const std::string& log_path) {
+  std::vector<char*> args;
+  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  const std::vector<std::string> env_strings = compiler_environment();
+  std::vector<char*> env;
+  for (const auto& e : env_strings) env.push_back(const_cast<char*>(e.c_str()));
+  env.push_back(nullptr);
+
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
+  posix_spawn_file_actions_addopen(&actions, 1, log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC,
+                                   0600);
+  posix_spawn_file_actions_adddup2(&actions, 1, 2);
+  pid_t pid = 0;
+  int rc = posix_spawnp(&pid, args[0], &actions, nullptr, args.data(), env.data());
+  posix_spawn_file_actions_destroy(&actions);
+  if (rc != 0)
+    throw CompileError("[jit] cannot run the C++ compiler '" + argv[0] +
+                       "': " + std::strerror(rc) + " (set CXX to a C++ compiler)");
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0) {
+    if (errno != EINTR) throw CompileError("[jit] waitpid failed: " + errno_text());
+  }
+  if (WIFEXITED(status)) return WEXITSTATUS(status);
+  if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
+  return 255;
+}
+
+void replace_all(std::string& text, const std::string& from, const std::string& to) {
+  if (from.empty()) return;
+  for (size_t pos = 0; (pos = text.find(from, pos)) != std::string::npos; pos += to.size())
+    text.replace(pos, from.size(), to);
+}
+
+class SharedObjectModule final : public LoadedModule {
+ public:
+  explicit SharedObjectModule(void* handle) : handle_(handle) {}
+  ~SharedObjectModule() override { ::dlclose(handle_); }
+  void* symbol(const std::string& name) override {
+    void* address = ::dlsym(handle_, name.c_str());
+    if (!address)
+      throw CompileError("[jit] symbol '" + name + "' not found in the loaded kernel module");
+    return address;
+  }
+
+ private:
+  void* handle_;
+};
+
+class ExternalCompiler final : public CpuCompiler {
+ public:
+  ExternalCompiler() : command_(compiler_command()) {
+    // Version first line, e.g. "c++ (Debian 12.2.0-14) 12.2.0". A compiler that cannot be
+    // started still gets an identity; compile() reports the real problem.
+    std::string version = "unknown version";
+    try {
+      TempDir dir;
+      std::string log = dir.file("version.txt");
+      auto argv = command_;
+      argv.push_back("--version");
+      if (run_process(argv, log) == 0) {
+        std::string text = read_text(log);
+        std::string first = text.substr(0, text.find('\n'));
+        if (!first.empty()) version = first;
+      }
+    } catch (const Error&) {
+    }
+    identity_ = join(command_) + " [" + version + "] " + join(kFlags);
+  }
+
+  std::string name() const override { return "external"; }
+  std::string identity() const override { return identity_; }
+
+  std::vector<uint8_t> compile(const std::string& source,
+                               const std::string& source_path_hint) override {
+    // Each compile has its own directory, so concurrent compiles need no lock.
+    TempDir dir;
+    std::string src = dir.file("kernel.cpp");
+    std::string out = dir.file("kernel.so");
+    std::string log = dir.file("log.txt");
+    write_file(src, source.data(), source.size());
+    auto argv = command_;
+    argv.insert(argv.end(), kFlags.begin(), kFlags.end());
+    argv.insert(argv.end(), {"-o", out, src});
+    int status = run_process(argv, log);
+    if (status != 0) {
+      std::string text = read_text(log);
+      // The log names our temporary file; name the saved copy the user can open instead.
+      replace_all(text, src, source_path_hint.empty() ? "kernel.cpp" : source_path_hint);
+      throw CompileError("[jit] external C++ compiler failed (exit " + std::to_string(status) +
+                         ") on kernel source " + source_path_hint + "\ncommand: " +
+                         join(argv) + "\n" + text);
+    }
+    std::string bytes = read_text(out);
+    if (bytes.empty())
+      throw CompileError("[jit] external C++ compiler produced no output for " +
+                         source_path_hint);
+    return {bytes.begin(), bytes.end()};
+  }
+
+  std::unique_ptr<LoadedModule> load(const std::vector<uint8_t>& image) override {
+    if (image.empty()) throw CompileError("[jit] cannot load an empty kernel image");
+    // A unique name per load: glibc reuses an already-loaded object with the same path, so
+    // two loads of one image must not share a name.
+    std::string path = temp_root() + "/kiln-mod-XXXXXX.so";
+    int fd = ::mkstemps(path.data(), 3);
+    if (fd < 0)
+      throw CompileError("[jit] cannot create a temporary file under " + temp_root() + ": " +
+                         errno_text());
+    ::close(fd);
+    void* handle = nullptr;
+    std::string why;
+    try {
+      write_file(path, image.data(), image.size());
+      handle = ::dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+      if (!handle) {
+        const char* e = ::dlerror();
+        why = e ? e : "unknown dlopen error";
+      }
+    } catch (...) {
+      ::unlink(path.c_str());
+      throw;
+    }
+    ::unlink(path.c_str());
+    if (!handle) throw CompileError("[jit] cannot load kernel image: " + why);
+    return std::make_unique<SharedObjectModule>(handle);
+  }
+
+ private:
+  std::vector<std::string> command_;
+  std::string identity_;
+};
+
+}  // namespace
+
+namespace detail {
+std::unique_ptr<CpuCompiler> make_external_compiler() {
+  return std::make_unique<ExternalCompiler>();
+}
+}  // namespace detail
+
+}  // namespace kiln::jit

@@ -1,0 +1,141 @@
+#pragma once
+// The kernel cache: printed kernel source -> loaded entry point, in memory and on disk.
+//
+// A kernel is keyed by a 128-bit hash of (cache format version, source, compiler identity,
+// host CPU features), so an object is only ever reused by the same compiler for the same
+// CPU. The memory level keeps every kernel this process has loaded; the disk level (one
+// file per key, see docs/kernel-cache.md) survives the process and may be shared by several
+// processes. Disk entries are written atomically and carry a checksum: a damaged, foreign or
+// stale entry is discarded with one warning and recompiled, never trusted.
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace kiln::jit {
+
+class CpuCompiler;
+class LoadedModule;
+
+/// Statistics of one kernel cache since it was created (process start for the global one).
+struct CacheStats {
+  uint64_t kernels_compiled = 0;  ///< compiles done by this process
+  uint64_t memory_hits = 0;       ///< requests answered by an already loaded kernel
+  uint64_t disk_hits = 0;         ///< requests answered by loading a verified disk entry
+  uint64_t disk_errors = 0;       ///< corrupt entries discarded and failed disk writes
+  uint64_t evictions = 0;         ///< disk entries removed by the size cap
+  double compile_ms_total = 0;    ///< time spent in the compiler
+  double load_ms_total = 0;       ///< time spent reading and loading disk entries
+  size_t disk_bytes = 0;          ///< current size of the directory's entries
+  std::string directory;          ///< the cache directory ("" when memory-only)
+  bool disk_enabled = false;      ///< false when memory-only (by choice or fallback)
+};
+
+/// What is known about one kernel (memory and/or disk).
+struct KernelRecord {
+  std::string key;                      ///< 32 hex digits
+  std::string name;                     ///< the entry point's name
+  std::vector<std::string> source_ops;  ///< graph ops the kernel was generated from
+  std::string compiler;                 ///< compiler identity
+  std::string target;                   ///< host CPU features it was compiled for
+  double compile_ms = 0;
+  size_t object_bytes = 0;
+  int64_t created_unix = 0, last_used_unix = 0;
+  uint64_t hits = 0;          ///< cache hits (memory and disk), all processes, best effort
+  uint64_t launches = 0;      ///< launches counted through KernelHandle::record
+  double run_ms_total = 0;    ///< run time counted through KernelHandle::record
+};
+
+/// A compiled kernel's entry point plus its record. The record lives as long as the cache;
+/// the executor adds to `launches` and `run_ms_total` (it serializes launches of one kernel,
+/// the cache does not lock these two fields).
+struct KernelHandle {
+  void* fn = nullptr;
+  KernelRecord* record = nullptr;
+};
+
+class KernelCache {
+ public:
+  /// Uses `directory` ("" = memory only) with a size cap in bytes (0 = none). A directory
+  /// that cannot be created or written makes the cache memory-only, with one warning.
+  KernelCache(std::string directory, size_t max_bytes);
+  /// Writes pending metadata (flush()) and unloads the kernels.
+  ~KernelCache();
+  KernelCache(const KernelCache&) = delete;
+  KernelCache& operator=(const KernelCache&) = delete;
+
+  /// Returns the loaded entry point `entry` of `source`: memory hit, else disk hit
+  /// (verified), else compile + store. Thread-safe; concurrent requests for the same key
+  /// compile once. `source_ops` names the graph ops the kernel came from (metadata).
+  /// Throws kiln::CompileError when the source does not compile or `entry` is missing.
+  KernelHandle get(const std::string& source, const std::string& entry,
+                   const std::vector<std::string>& source_ops, CpuCompiler& compiler);
+  /// key = hex of a 128-bit hash of (format version, source, compiler identity,
+  /// host_cpu_features()).
+  static std::string key_for(const std::string& source, CpuCompiler& compiler);
+
+  CacheStats stats() const;
+  /// Records of kernels used in this process (memory level).
+  std::vector<KernelRecord> loaded_records() const;
+  /// Records of every readable entry on disk (for `kiln cache list`), newest use first.
+  std::vector<KernelRecord> disk_records() const;
+  /// Record and source of one disk entry by key or unique key prefix; throws
+  /// kiln::ValueError if none matches, several match, or the entry is damaged.
+  std::pair<KernelRecord, std::string> show(const std::string& key_prefix) const;
+  /// Checks every disk entry's format, checksum and key; removes bad ones (and stray
+  /// metadata/temporary files); returns (entries ok, keys removed).
+  std::pair<size_t, std::vector<std::string>> verify();
+  /// Removes all disk entries; returns how many. Loaded kernels stay usable in memory.
+  size_t clear();
+  /// Writes pending metadata updates (hits, last used, launches) to disk; also done by the
+  /// destructor and, for the global cache, at exit.
+  void flush();
+
+  const std::string& directory() const { return directory_; }
+  bool disk_enabled() const { return disk_enabled_; }
+
+ private:
+  struct Entry;
+
+  Entry& entry_for(const std::string& key);
+  void fill(Entry& entry, const std::string& source, const std::string& entry_name,
+            const std::vector<std::string>& source_ops, CpuCompiler& compiler);
+  bool load_from_disk(Entry& entry, CpuCompiler& compiler, std::string& why);
+  void store(Entry& entry, const std::string& source, const std::vector<uint8_t>& object);
+  void flush_entry(Entry& entry);
+  void enforce_cap(const std::string& keep_key, size_t stored_bytes);
+  std::string entry_path(const std::string& key) const;
+  std::string meta_path(const std::string& key) const;
+
+  std::string directory_;
+  size_t max_bytes_;
+  bool disk_enabled_ = false;
+
+  mutable std::mutex map_mutex_;  // guards entries_
+  std::map<std::string, std::unique_ptr<Entry>> entries_;
+
+  mutable std::mutex stats_mutex_;  // guards counters_
+  CacheStats counters_;
+
+  std::mutex disk_mutex_;  // serializes this process's directory scans; guards the below
+  // The directory's size as of the last scan plus what this process stored since; other
+  // processes' stores are only seen by the next scan (every kRescanStores stores).
+  size_t disk_bytes_estimate_ = 0;
+  unsigned stores_since_scan_ = 0;
+  bool estimate_valid_ = false;
+};
+
+/// The process-wide cache: directory from KILN_CACHE_DIR (default $XDG_CACHE_HOME/kiln or
+/// ~/.cache/kiln; "" or "off" = memory only), cap from KILN_CACHE_MAX_MB (default 1024,
+/// 0 = none). Pending metadata is flushed at exit.
+KernelCache& kernel_cache();
+/// kernel_cache().stats()
+CacheStats cache_stats();
+/// kernel_cache().loaded_records()
+std::vector<KernelRecord> kernel_records();
+
+}  // namespace kiln::jit

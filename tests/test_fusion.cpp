@@ -1,0 +1,124 @@
+// Kernel counts for known patterns, and that fused results agree with the reference
+// evaluator. Inputs are evaluated first so that only the pattern itself is counted.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+
+#include "frontend/kiln.h"
+#include "jit/executor.h"
+#include "jit/kernel_cache.h"
+#include "jit/library_gemm.h"
+
+using namespace kiln;
+
+namespace {
+
+struct JitScope {
+  JitScope() { set_executor("jit"); }
+  ~JitScope() { set_executor(""); }
+};
+
+// Evaluates `build()` with the JIT and with the reference evaluator and checks they agree
+// (relative 1e-5, absolute 1e-5: float32 sums reassociate).
+template <typename Build>
+jit::EvalStats check_against_reference(Build build) {
+  set_executor("jit");
+  Tensor jit_out = build();
+  eval({jit_out});
+  jit::EvalStats stats = jit::last_eval_stats();
+  set_executor("reference");
+  Tensor ref_out = build();
+  std::vector<double> want = ref_out.to_vector<double>();
+  set_executor("");
+  std::vector<double> got = jit_out.to_vector<double>();
+  REQUIRE(got.size() == want.size());
+  for (size_t i = 0; i < got.size(); ++i) {
+    INFO("element " << i);
+    CHECK(std::fabs(got[i] - want[i]) <= 1e-5 + 1e-5 * std::fabs(want[i]));
+  }
+  return stats;
+}
+
+Tensor ready(Tensor t) {
+  t.eval();
+  return t;
+}
+
+}  // namespace
+
+TEST_CASE("relu(a*b+c).sum() is one kernel", "[fusion]") {
+  Generator g(11);
+  Tensor a = ready(randn({300, 70}, DType::Float32, g));
+  Tensor b = ready(randn({300, 70}, DType::Float32, g));
+  Tensor c = ready(randn({70}, DType::Float32, g));
+  jit::EvalStats s = check_against_reference([&] { return sum(relu(a * b + c)); });
+  CHECK(s.kernels == 1);
+}
+
+TEST_CASE("a 6-op elementwise chain is one kernel", "[fusion]") {
+  Generator g(12);
+  Tensor a = ready(randn({1000}, DType::Float32, g));
+  Tensor b = ready(rand({1000}, DType::Float32, g));
+  jit::EvalStats s = check_against_reference([&] { return exp(((a * b + 1.0f) * 0.5f - a) / (b + 2.0f)); });
+  CHECK(s.kernels == 1);
+}
+
+TEST_CASE("a broadcast add feeding a row reduction is one kernel", "[fusion]") {
+  Generator g(13);
+  Tensor x = ready(randn({64, 33}, DType::Float32, g));
+  Tensor bias = ready(randn({33}, DType::Float32, g));
+  jit::EvalStats s = check_against_reference([&] { return sum(x + bias, 1); });
+  CHECK(s.kernels == 1);
+}
+
+TEST_CASE("row softmax takes at most 3 kernels", "[fusion]") {
+  Generator g(14);
+  Tensor x = ready(randn({50, 40}, DType::Float32, g));
+  jit::EvalStats s = check_against_reference([&] { return softmax(x * 3.0f, 1); });
+  CHECK(s.kernels <= 3);
+}
+
+TEST_CASE("float32 matmul runs as a library GEMM", "[fusion][matmul]") {
+  Generator g(15);
+  Tensor a = ready(randn({2, 17, 9}, DType::Float32, g));
+  Tensor b = ready(randn({9, 13}, DType::Float32, g));
+  jit::EvalStats s = check_against_reference([&] { return matmul(a, b); });
+  if (jit::have_blas()) {
+    CHECK(s.library_calls == 1);
+    CHECK(s.kernels == 0);
+  } else {
+    WARN("kiln built without OpenBLAS: matmul stays generated code");
+  }
+  // Integer matmul keeps the meta-op path and is exact.
+  Tensor ia = ready(randint(-5, 5, {4, 6}, g));
+  Tensor ib = ready(randint(-5, 5, {6, 3}, g));
+  jit::EvalStats si = check_against_reference([&] { return matmul(ia, ib); });
+  CHECK(si.library_calls == 0);
+}
+
+TEST_CASE("changing the batch size compiles nothing", "[fusion][cache]") {
+  JitScope jit_scope;
+  Generator g(16);
+  auto step = [&](int64_t batch) {
+    Tensor x = ready(randn({batch, 24}, DType::Float32, g));
+    Tensor w = ready(randn({24}, DType::Float32, g));
+    Tensor y = sum(relu(x * w + 0.25f), 1);
+    return y.to_vector<float>();
+  };
+  step(8);
+  uint64_t compiled = jit::cache_stats().kernels_compiled;
+  std::vector<float> out = step(37);
+  CHECK(out.size() == 37);
+  step(5);
+  CHECK(jit::cache_stats().kernels_compiled == compiled);
+}
+
+TEST_CASE("the fused plan is drawn with one cluster per kernel", "[fusion]") {
+  Generator g(17);
+  Tensor x = ready(randn({8, 8}, DType::Float32, g));
+  Tensor y = softmax(x, 1);
+  std::string dot = jit::plan_to_dot({y.node().get()});
+  CHECK(dot.rfind("digraph", 0) == 0);
+  CHECK(dot.find("cluster_0") != std::string::npos);
+  CHECK(dot.find("cluster_3") == std::string::npos);
+}

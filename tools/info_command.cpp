@@ -1,0 +1,88 @@
+// `kiln info`: what this kiln build and this host provide.
+#include <iostream>
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "core/thread_pool.h"
+#include "jit/compiler.h"
+#include "jit/kernel_cache.h"
+#include "tools/cli.h"
+#include "tools/text_output.h"
+
+namespace kiln::cli {
+namespace {
+
+using Json = nlohmann::json;
+
+struct CompilerInfo {
+  bool available = false;
+  std::string identity;  // or why it is unavailable
+};
+
+CompilerInfo probe_compiler(const std::string& name) {
+  CompilerInfo info;
+  try {
+    if (auto compiler = jit::make_cpu_compiler(name)) {
+      info.available = true;
+      info.identity = compiler->identity();
+    } else {
+      info.identity = "not built (-DKILN_WITH_LLVM=OFF)";
+    }
+  } catch (const std::exception& e) {
+    info.identity = e.what();
+  }
+  return info;
+}
+
+}  // namespace
+
+int run_info_command(const Invocation& inv) {
+  const CompilerInfo llvm = probe_compiler("llvm");
+  const CompilerInfo external = probe_compiler("external");
+  // A bad KILN_CPU_COMPILER is worth showing here rather than failing the whole report.
+  std::string default_compiler;
+  bool default_ok = true;
+  try {
+    default_compiler = jit::cpu_compiler().name();
+  } catch (const Error& e) {
+    default_compiler = e.what();
+    default_ok = false;
+  }
+  const std::string& features = jit::host_cpu_features();
+  const int threads = thread_pool().size();
+  jit::KernelCache& cache = jit::kernel_cache();
+
+  if (inv.json) {
+    Json out = {
+        {"version", kiln_version()},
+        {"compilers",
+         {{"llvm", {{"available", llvm.available}, {"identity", llvm.identity}}},
+          {"external", {{"available", external.available}, {"identity", external.identity}}}}},
+        {"default_compiler", default_ok ? Json(default_compiler) : Json(nullptr)},
+        {"cpu_features", features},
+        {"threads", threads},
+        {"cache", {{"directory", cache.directory()}, {"disk_enabled", cache.disk_enabled()}}},
+        {"devices", Json::array({Json{{"type", "cpu"}, {"threads", threads}}})},
+        {"cuda_devices", Json::array()}};
+    if (!default_ok) out["default_compiler_error"] = default_compiler;
+    std::cout << out.dump(2) << "\n";
+    return 0;
+  }
+  auto compiler_line = [](const CompilerInfo& c) {
+    return std::string(c.available ? "yes, " : "no, ") + c.identity;
+  };
+  TextTable table({"kiln", kiln_version()}, {false, false});
+  table.add_row({"llvm compiler", compiler_line(llvm)});
+  table.add_row({"external compiler", compiler_line(external)});
+  table.add_row({"default compiler", default_ok ? default_compiler : "error: " + default_compiler});
+  table.add_row({"cpu features", features});
+  table.add_row({"threads", std::to_string(threads)});
+  std::string directory = cache.directory().empty() ? "(none: memory only)" : cache.directory();
+  if (!cache.directory().empty() && !cache.disk_enabled()) directory += " (not usable: memory only)";
+  table.add_row({"cache directory", directory});
+  table.add_row({"devices", "cpu (" + std::to_string(threads) + " threads); no CUDA devices"});
+  std::cout << table.render();
+  return 0;
+}
+
+}  // namespace kiln::cli
