@@ -2,4 +2,6 @@
 // The public API: include this one header and link kiln::kiln.
 #include "../core/graph_dump.h"
 #include "../core/tensor.h"
+#include "../jit/executor.h"
+#include "../jit/kernel_cache.h"
 #include "../ops/ops.h"

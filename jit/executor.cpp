@@ -9,6 +9,7 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "../core/structural_hash.h"
 #include "../core/tensor.h"
 #include "../core/thread_pool.h"
 #include "compiler.h"
@@ -215,6 +216,116 @@ struct Plan {
   std::unordered_set<Node*> outputs;
 };
 
+// The plan cache: the structural signature of a simplified schedule (node keys without
+// sizes, which leaves repeat, which nodes are outputs) maps to its fusion plan in
+// positional form, so a training loop fuses once. Fusion choices never affect results,
+// so reusing one made for other sizes is always correct.
+struct CachedGroup {
+  int root = 0;
+  std::vector<int> members;
+  bool library = false;
+  int gemm_a = 0, gemm_b = 0;  // schedule position, or -1 - leaf index
+  std::vector<int> absorbed;
+};
+std::mutex g_plan_mutex;
+std::unordered_map<uint64_t, std::vector<CachedGroup>> g_plans;
+constexpr size_t kMaxCachedPlans = 4096;
+
+struct Positions {
+  std::unordered_map<Node*, int> pos;
+  std::vector<Node*> leaves;
+  std::unordered_map<Node*, int> leaf_index;
+  int ref(Node* n) const {
+    auto it = pos.find(n);
+    return it != pos.end() ? it->second : -1 - leaf_index.at(n);
+  }
+  Node* node(const std::vector<Node*>& schedule, int r) const { return r >= 0 ? schedule[r] : leaves[-1 - r]; }
+};
+
+uint64_t signature(const std::vector<Node*>& schedule, const std::unordered_set<Node*>& outputs, Positions& p) {
+  std::unordered_map<Node*, uint64_t> key;
+  uint64_t sig = schedule.size();
+  std::vector<uint64_t> in_keys;
+  for (size_t i = 0; i < schedule.size(); ++i) {
+    Node* n = schedule[i];
+    p.pos[n] = static_cast<int>(i);
+    in_keys.clear();
+    for (const NodePtr& in : n->inputs) {
+      auto it = key.find(in.get());
+      if (it != key.end()) {
+        in_keys.push_back(it->second);
+        continue;
+      }
+      auto [li, fresh] = p.leaf_index.emplace(in.get(), static_cast<int>(p.leaves.size()));
+      if (fresh) p.leaves.push_back(in.get());
+      in_keys.push_back(hash_combine(node_key(*in, nullptr, 0), static_cast<uint64_t>(li->second)));
+    }
+    uint64_t k = node_key(*n, in_keys.data(), in_keys.size());
+    key[n] = k;
+    sig = hash_combine(sig, hash_combine(k, outputs.count(n) ? 1 : 0));
+  }
+  return sig;
+}
+
+// Rebuilds a fusion plan for this schedule from its positional form.
+FusionPlan instantiate(const std::vector<CachedGroup>& cached, const std::vector<Node*>& schedule, const Positions& p) {
+  FusionPlan plan;
+  for (const CachedGroup& c : cached) {
+    FusionGroup g;
+    g.root = schedule[c.root];
+    for (int m : c.members) g.members.push_back(schedule[m]);
+    std::unordered_set<Node*> inside(g.members.begin(), g.members.end());
+    for (Node* m : g.members)
+      for (const NodePtr& in : m->inputs)
+        if (!inside.count(in.get()) && std::find(g.inputs.begin(), g.inputs.end(), in.get()) == g.inputs.end())
+          g.inputs.push_back(in.get());
+    g.library = c.library;
+    if (c.library) {
+      g.gemm.reduce = g.root;
+      g.gemm.a = p.node(schedule, c.gemm_a);
+      g.gemm.b = p.node(schedule, c.gemm_b);
+      for (int a : c.absorbed) g.gemm.absorbed.push_back(schedule[a]);
+      g.inputs = {g.gemm.a};
+      if (g.gemm.b != g.gemm.a) g.inputs.push_back(g.gemm.b);
+    }
+    plan.groups.push_back(std::move(g));
+  }
+  return plan;
+}
+
+std::vector<CachedGroup> positional(const FusionPlan& plan, const Positions& p) {
+  std::vector<CachedGroup> out;
+  for (const FusionGroup& g : plan.groups) {
+    CachedGroup c;
+    c.root = p.pos.at(g.root);
+    for (Node* m : g.members) c.members.push_back(p.pos.at(m));
+    c.library = g.library;
+    if (g.library) {
+      c.gemm_a = p.ref(g.gemm.a);
+      c.gemm_b = p.ref(g.gemm.b);
+      for (Node* a : g.gemm.absorbed) c.absorbed.push_back(p.pos.at(a));
+    }
+    out.push_back(std::move(c));
+  }
+  return out;
+}
+
+FusionPlan fuse_cached(const std::vector<Node*>& schedule, const std::unordered_set<Node*>& outputs) {
+  if (pass_disabled("PLAN_CACHE")) return fuse(schedule, outputs);
+  Positions p;
+  uint64_t sig = signature(schedule, outputs, p);
+  {
+    std::lock_guard lock(g_plan_mutex);
+    auto it = g_plans.find(sig);
+    if (it != g_plans.end()) return instantiate(it->second, schedule, p);
+  }
+  FusionPlan plan = fuse(schedule, outputs);
+  std::lock_guard lock(g_plan_mutex);
+  if (g_plans.size() >= kMaxCachedPlans) g_plans.clear();
+  g_plans[sig] = positional(plan, p);
+  return plan;
+}
+
 Plan make_plan(const std::vector<Node*>& schedule, const std::vector<Node*>& requested) {
   Plan p;
   std::vector<Node*> outs(requested.begin(), requested.end());
@@ -233,7 +344,7 @@ Plan make_plan(const std::vector<Node*>& schedule, const std::vector<Node*>& req
     auto it = p.simplified.alias.find(o);
     p.outputs.insert(it == p.simplified.alias.end() ? o : it->second);
   }
-  p.fusion = fuse(p.simplified.schedule, p.outputs);
+  p.fusion = fuse_cached(p.simplified.schedule, p.outputs);
   return p;
 }
 

@@ -286,7 +286,9 @@ LoweredKernel Lowerer::run() {
   bool standard = true;
   for (size_t d = 0; d < root->index_map.size(); ++d) {
     const IndexExpr& m = root->index_map[d];
-    if (m.kind() == IndexExpr::Kind::Var) kept_vars.push_back(static_cast<int>(m.value()));
+    // A kept var must span its output dim exactly, or some outputs would go unwritten.
+    if (m.kind() == IndexExpr::Kind::Var && x->shape[m.value()] == root->shape[d]) kept_vars.push_back(static_cast<int>(m.value()));
+    else if (m.kind() == IndexExpr::Kind::Var) standard = false;
     else if (!(m.is_const() && m.value() == 0 && root->shape[d] == 1)) standard = false;
   }
   for (size_t k = 0; k < kept_vars.size() && standard; ++k)
