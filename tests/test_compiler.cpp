@@ -123,7 +123,7 @@ TEST_CASE("compilers resolve libm builtins", "[compiler]") {
   }
 }
 
-TEST_CASE("a compile error carries the log and the source path; the compiler recovers",
+TEST_CASE("a compile error carries the log and the source path, and the compiler recovers",
           "[compiler]") {
   const std::string bad = "extern \"C\" void k(float* o) { o[0] = 1.f }\n";  // missing ';'
   const std::string hint = "/home/user/.cache/kiln/ab12cd.cpp";

@@ -242,7 +242,7 @@ TEST_CASE("integers: arithmetic wraps around in two's complement", "[elementwise
   check_ints(kiln::from_vector<int32_t>({65536}) * kiln::from_vector<int32_t>({65536}), {0});
 }
 
-TEST_CASE("integers: floor_div and mod follow Python with negative operands; x // 0 == 0", "[elementwise][integer]") {
+TEST_CASE("integers: floor_div and mod follow Python with negative operands, and x // 0 == 0", "[elementwise][integer]") {
   std::vector<int64_t> a = {7, -7, 7, -7, 0, 5, -5, 6, -6};
   std::vector<int64_t> b = {2, 2, -2, -2, 3, 0, 0, 3, -3};
   std::vector<int64_t> q = {3, -4, -4, 3, 0, 0, 0, 2, 2};

@@ -57,7 +57,7 @@ TEST_CASE("philox_block packs index, offset and seed into counter and key", "[rn
   CHECK(kiln::philox_block(0, 0, 0) == philox4x32_10({0, 0, 0, 0}, {0, 0}));
 }
 
-TEST_CASE("uniform values lie in [0, 1)", "[rng]") {
+TEST_CASE("uniform values lie in the half-open unit interval", "[rng]") {
   for (uint64_t seed : {0ull, 1ull, 0xffffffffffffffffull}) {
     for (uint64_t i = 0; i < 20000; ++i) {
       const float f = kiln::uniform_float(seed, 7, i);
