@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -178,6 +179,7 @@ void run_group(const FusionGroup& group) {
   int64_t err[4] = {0, 0, 0, 0};
   bufs[lk.ir.inputs.size() + 2] = reinterpret_cast<char*>(err);
   const int64_t* params = lk.params.data();
+  auto started = std::chrono::steady_clock::now();
   try {
     switch (lk.ir.kind) {
       case KernelIR::Kind::Map:
@@ -202,8 +204,11 @@ void run_group(const FusionGroup& group) {
     root.buffer.reset();
     throw;
   }
-  auto t1 = h.record;
-  if (t1 != nullptr) ++t1->launches;
+  if (h.record != nullptr) {
+    ++h.record->launches;
+    h.record->run_ms_total +=
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - started).count();
+  }
   if (err[0] != 0) {
     root.buffer.reset();
     raise_index_error(lk.ir, root, err);

@@ -7,6 +7,7 @@
 #include "frontend/kiln.h"
 #include "jit/executor.h"
 #include "jit/kernel_cache.h"
+#include "jit/kernel_ir.h"
 #include "jit/library_gemm.h"
 
 using namespace kiln;
@@ -121,4 +122,27 @@ TEST_CASE("the fused plan is drawn with one cluster per kernel", "[fusion]") {
   CHECK(dot.rfind("digraph", 0) == 0);
   CHECK(dot.find("cluster_0") != std::string::npos);
   CHECK(dot.find("cluster_3") == std::string::npos);
+}
+
+TEST_CASE("kernel IR has a readable dump and launches are recorded", "[fusion]") {
+  Generator g(18);
+  Tensor x = ready(randn({6, 5}, DType::Float32, g));
+  Tensor y = sum(exp(x) * 2.0f, 1);
+  std::vector<Node*> outs{y.node().get()};
+  jit::FusionPlan plan = jit::fuse(pending_subgraph(outs), {outs[0]});
+  REQUIRE(plan.groups.size() == 1);
+  jit::LoweredKernel lk = jit::lower(plan.groups[0]);
+  std::string dump = lk.ir.dump();
+  INFO(dump);
+  CHECK(dump.find("inner_reduce over [p") != std::string::npos);
+  CHECK(dump.find("exp(") != std::string::npos);
+  CHECK(dump.find("load b1[") != std::string::npos);
+  {
+    JitScope jit_scope;
+    y.eval();
+  }
+  bool launched = false;
+  for (const jit::KernelRecord& r : jit::kernel_records())
+    if (r.launches > 0 && r.run_ms_total > 0) launched = true;
+  CHECK(launched);
 }
