@@ -353,7 +353,7 @@ Plan make_plan(const std::vector<Node*>& schedule, const std::vector<Node*>& req
   return p;
 }
 
-void execute(const std::vector<Node*>& schedule, const std::vector<Node*>& requested) {
+void run_plan(const std::vector<Node*>& schedule, const std::vector<Node*>& requested) {
   Plan plan = make_plan(schedule, requested);
   const auto& groups = plan.fusion.groups;
   std::unordered_map<Node*, size_t> last_use;
@@ -388,7 +388,7 @@ const bool kRegistered = [] {
 }  // namespace
 
 void jit_execute(const std::vector<Node*>& schedule, const std::vector<Node*>& requested) {
-  execute(schedule, requested);
+  run_plan(schedule, requested);
 }
 
 EvalStats last_eval_stats() {

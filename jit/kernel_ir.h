@@ -21,7 +21,7 @@ struct IrValue {
     Coord,   ///< the integer `index` (an iota value)
     Op,      ///< elementwise meta-op `op` of `args`
     Cast,    ///< args[0] converted to `dtype`
-    Random,  ///< Philox value for flat index `index`, seed `seed`, offset param `offset_param`
+    Random,  ///< Philox value for flat index `index`; seed and offset are params `seed_param`, +1
     InRange, ///< bool: every `bounds[k].first` lies in [0, bounds[k].second)
   };
   Kind kind = Kind::Const;
@@ -35,8 +35,7 @@ struct IrValue {
   Scalar value;
   /// Random: normal (true) or uniform.
   bool normal = false;
-  uint64_t seed = 0;
-  int offset_param = -1;
+  int seed_param = -1;
   std::vector<std::pair<IndexExpr, IndexExpr>> bounds;
   /// InRange: per bound, whether violating it is an IndexError (data-dependent reads).
   std::vector<bool> bound_is_error;

@@ -192,7 +192,7 @@ int Lowerer::value_of(Node* n, const std::vector<IndexExpr>& coords, bool is_roo
       v.dtype = n->dtype;
       v.normal = n->op == OpCode::RandNormal;
       // Seed and offset are arguments: a new random tensor each step reuses the kernel.
-      v.offset_param = raw_param(static_cast<int64_t>(n->seed));
+      v.seed_param = raw_param(static_cast<int64_t>(n->seed));
       raw_param(static_cast<int64_t>(n->offset));
       IndexExpr flat = IndexExpr::constant(0);
       std::vector<int64_t> st = contiguous_strides(n->shape);
@@ -356,8 +356,8 @@ std::string value_str(const IrValue& v, int id) {
     case IrValue::Kind::Op: s += std::string(op_name(v.op)) + "(" + args() + ")"; break;
     case IrValue::Kind::Cast: s += "cast(" + args() + ")"; break;
     case IrValue::Kind::Random:
-      s += std::string(v.normal ? "randn" : "rand") + "(seed=p" + std::to_string(v.offset_param) +
-           ", offset=p" + std::to_string(v.offset_param + 1) + ", index=" + v.index.str() + ")";
+      s += std::string(v.normal ? "randn" : "rand") + "(seed=p" + std::to_string(v.seed_param) +
+           ", offset=p" + std::to_string(v.seed_param + 1) + ", index=" + v.index.str() + ")";
       break;
     case IrValue::Kind::InRange:
       s += "in_range(";
@@ -393,7 +393,7 @@ uint64_t KernelIR::structure_hash() const {
     mix(v.index.hash());
     mix(static_cast<uint64_t>(v.guard + 1));
     mix(std::hash<std::string>{}(v.value.str()) ^ static_cast<uint64_t>(v.value.kind()));
-    mix(static_cast<uint64_t>(v.normal) << 32 | static_cast<uint64_t>(v.offset_param + 1));
+    mix(static_cast<uint64_t>(v.normal) << 32 | static_cast<uint64_t>(v.seed_param + 1));
     for (size_t k = 0; k < v.bounds.size(); ++k) {
       mix(v.bounds[k].first.hash());
       mix(v.bounds[k].second.hash() ^ (v.bound_is_error[k] ? 1 : 0));

@@ -141,7 +141,6 @@ struct Printer {
   const KernelIR& ir;
   std::string body;
   std::string indent = "      ";
-  int err_slot = 0;
 
   std::string v(int id) { return "v" + std::to_string(id); }
 
@@ -175,8 +174,8 @@ struct Printer {
         case IrValue::Kind::Coord: e = normalize(x.dtype, "(" + ct + ")(" + index_str(x.index) + ")"); break;
         case IrValue::Kind::Cast: e = cast_expr(ir.values[x.args[0]].dtype, x.dtype, v(x.args[0])); break;
         case IrValue::Kind::Random: {
-          std::string seed = "P[" + std::to_string(x.offset_param) + "]";
-          std::string off = "P[" + std::to_string(x.offset_param + 1) + "]";
+          std::string seed = "P[" + std::to_string(x.seed_param) + "]";
+          std::string off = "P[" + std::to_string(x.seed_param + 1) + "]";
           std::string idx = index_str(x.index);
           if (x.normal) {
             e = "normal_at(" + seed + ", " + off + ", " + idx + ")";
@@ -257,7 +256,7 @@ std::string accumulator_type(const KernelIR& ir) { return compute_type(accumulat
 }  // namespace
 
 PrintedKernel print_cpp(const KernelIR& ir) {
-  Printer p{ir, "", "      ", 0};
+  Printer p{ir, "", "      "};
   const size_t n_in = ir.inputs.size();
   const int rank = static_cast<int>(ir.dims.size());
   std::string acc_t = accumulator_type(ir);
