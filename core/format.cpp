@@ -166,7 +166,7 @@ void collect_shown(const Shape& shape, const std::vector<int64_t>& strides, bool
 
 std::string Tensor::str() const {
   if (!defined()) return "tensor(undefined)";
-  const Node& n = *node_;
+  const Node& n = *node();
   std::string out = kPrefix;
   if (n.numel() == 0) {
     out += "[]";

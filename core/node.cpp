@@ -111,6 +111,8 @@ std::vector<NodePtr> overlapping_held(const std::unordered_set<Node*>& scheduled
   return extra;
 }
 
+thread_local bool t_grad_mode = true;
+
 // Evaluations touch shared graph state (buffers, edges) of possibly overlapping graphs, so
 // they are serialized; building ops concurrently stays lock-free.
 std::recursive_mutex g_eval_mutex;
@@ -141,10 +143,19 @@ Node::Node(OpCode op_, std::vector<NodePtr> inputs_, Shape shape_, DType dtype_,
       inputs(std::move(inputs_)),
       id(g_next_id.fetch_add(1, std::memory_order_relaxed)) {
   g_live_nodes.fetch_add(1, std::memory_order_relaxed);
+  if (t_grad_mode && is_floating(dtype)) {
+    for (const NodePtr& in : inputs) {
+      if (in->requires_grad) {
+        requires_grad = true;
+        break;
+      }
+    }
+  }
 }
 
 Node::~Node() {
   g_live_nodes.fetch_sub(1, std::memory_order_relaxed);
+  if (grad) release_handle(grad.get());
   // Release long chains iteratively: recursive destruction of a 100k-node unevaluated
   // graph would overflow the stack.
   std::vector<NodePtr> pending = std::move(inputs);
@@ -156,6 +167,20 @@ Node::~Node() {
       n->inputs.clear();
     }
   }
+}
+
+bool grad_mode_enabled() { return t_grad_mode; }
+
+bool set_grad_mode(bool enabled) {
+  bool previous = t_grad_mode;
+  t_grad_mode = enabled;
+  return previous;
+}
+
+void set_node_grad(Node& node, NodePtr grad) {
+  if (grad) acquire_handle(grad.get());
+  if (node.grad) release_handle(node.grad.get());
+  node.grad = std::move(grad);
 }
 
 int64_t Node::live_count() { return g_live_nodes.load(std::memory_order_relaxed); }
@@ -220,6 +245,12 @@ void release_handle(Node* node) {
 
 void evaluate_nodes(const std::vector<Node*>& nodes) {
   std::lock_guard lock(g_eval_mutex);
+  // Passes build nodes (folded fills, composed reindexes) that stand in for user nodes; they
+  // must carry gradient flow like the nodes they replace, whatever scope the user is in.
+  struct GradModeOn {
+    bool previous = set_grad_mode(true);
+    ~GradModeOn() { set_grad_mode(previous); }
+  } grad_mode_on;
   std::vector<Node*> requested;
   for (Node* n : nodes)
     if (n != nullptr && !n->is_evaluated()) requested.push_back(n);
@@ -253,8 +284,10 @@ void evaluate_nodes(const std::vector<Node*>& nodes) {
   }
   for (Node* n : schedule) {
     // A value now stands for its whole history: drop the edges so that graphs of earlier
-    // steps are freed once no handle refers to them.
-    if (n->is_evaluated()) n->inputs.clear();
+    // steps are freed once no handle refers to them. Values that gradients still flow
+    // through keep them until their graph is released (a leaf ends differentiation, so it
+    // keeps nothing and parameter updates never chain steps together).
+    if (n->is_evaluated() && (!n->requires_grad || n->grad_leaf)) n->inputs.clear();
   }
 }
 

@@ -53,6 +53,16 @@ struct Node : std::enable_shared_from_this<Node> {
   /// The user-level op that created this node ("softmax", "matmul"), for messages and dumps.
   const char* origin = nullptr;
 
+  // --- autograd ---
+  /// Gradients flow through this node: set at construction when grad mode is on, the dtype
+  /// is floating and some input requires grad; set by hand on leaves (parameters).
+  bool requires_grad = false;
+  /// A leaf of differentiation (a parameter): backward stops here and accumulates `grad`.
+  bool grad_leaf = false;
+  /// The accumulated gradient of a leaf (Tensor::grad()); counted as a user handle so that a
+  /// pending gradient is evaluated together with the step that reads it.
+  NodePtr grad;
+
   // --- state ---
   /// The value, once evaluated. Constants are created with one and never lose it.
   std::shared_ptr<Buffer> buffer;
@@ -91,6 +101,14 @@ void evaluate_nodes(const std::vector<Node*>& nodes);
 /// set of pending nodes that users hold, which evaluation uses for weak sync.
 void acquire_handle(Node* node);
 void release_handle(Node* node);
+
+/// Whether nodes built on this thread record gradient flow (false inside a NoGradGuard).
+bool grad_mode_enabled();
+/// Turns gradient recording on or off for this thread; returns the previous setting.
+bool set_grad_mode(bool enabled);
+
+/// Replaces a leaf's accumulated gradient, keeping the handle accounting right.
+void set_node_grad(Node& node, NodePtr grad);
 
 /// Pending nodes (no buffer) reachable from `roots`, inputs before users.
 std::vector<Node*> pending_subgraph(const std::vector<Node*>& roots);

@@ -7,30 +7,131 @@
 
 namespace kiln {
 
-Tensor::Tensor(NodePtr node) : node_(std::move(node)) {
-  if (node_) acquire_handle(node_.get());
-}
-Tensor::Tensor(const Tensor& other) : Tensor(other.node_) {}
-Tensor::Tensor(Tensor&& other) noexcept : node_(std::move(other.node_)) {}
-Tensor& Tensor::operator=(const Tensor& other) {
-  if (this != &other) *this = Tensor(other);
-  return *this;
-}
-Tensor& Tensor::operator=(Tensor&& other) noexcept {
-  if (this != &other) {
-    if (node_) release_handle(node_.get());
-    node_ = std::move(other.node_);
+// The shared state of a handle: the node it currently names. It holds the node's handle
+// count, so copies of a Tensor count once.
+struct Tensor::Impl {
+  explicit Impl(NodePtr n) : node(std::move(n)) { acquire_handle(node.get()); }
+  ~Impl() { release_handle(node.get()); }
+  Impl(const Impl&) = delete;
+  Impl& operator=(const Impl&) = delete;
+  void reset(NodePtr n) {
+    acquire_handle(n.get());
+    release_handle(node.get());
+    node = std::move(n);
   }
-  return *this;
+  NodePtr node;
+};
+
+Tensor::Tensor(NodePtr node) {
+  if (node) impl_ = std::make_shared<Impl>(std::move(node));
 }
-Tensor::~Tensor() {
-  if (node_) release_handle(node_.get());
+
+const NodePtr& Tensor::node() const {
+  static const NodePtr kNone;
+  return impl_ ? impl_->node : kNone;
 }
 
 const Node& Tensor::checked(const char* what) const {
-  if (!node_) throw ValueError(std::string("[") + what + "] the tensor is undefined");
-  return *node_;
+  if (!impl_) throw ValueError(std::string("[") + what + "] the tensor is undefined");
+  return *impl_->node;
 }
+
+bool Tensor::requires_grad() const { return impl_ && impl_->node->requires_grad; }
+
+Tensor& Tensor::requires_grad_(bool on) {
+  Node& n = const_cast<Node&>(checked("requires_grad_"));
+  if (on && !is_floating(n.dtype)) {
+    throw DTypeError("[requires_grad_] only floating tensors can require gradients, got " +
+                     std::string(dtype_name(n.dtype)) + shape_str(n.shape));
+  }
+  if (!on && n.requires_grad && !n.grad_leaf) {
+    throw ValueError("[requires_grad_] " + shape_str(n.shape) +
+                     " is computed from tensors that require grad; use detach() instead");
+  }
+  n.requires_grad = on;
+  n.grad_leaf = on;
+  return *this;
+}
+
+bool Tensor::is_leaf() const {
+  const Node& n = checked("is_leaf");
+  return !n.requires_grad || n.grad_leaf;
+}
+
+Tensor Tensor::grad() const {
+  const Node& n = checked("grad");
+  return n.grad ? Tensor(n.grad) : Tensor();
+}
+
+void Tensor::set_grad(const Tensor& grad) {
+  Node& n = const_cast<Node&>(checked("set_grad"));
+  if (grad.defined() && (grad.shape() != n.shape || grad.dtype() != n.dtype)) {
+    throw ShapeError("[set_grad] gradient " + std::string(dtype_name(grad.dtype())) +
+                     shape_str(grad.shape()) + " does not match the tensor " +
+                     std::string(dtype_name(n.dtype)) + shape_str(n.shape));
+  }
+  set_node_grad(n, grad.node());
+}
+
+namespace {
+
+// A fresh node with the same value and no gradient flow: it shares the buffer once there is
+// one, and otherwise carries the same computation (CSE merges the two if both run).
+NodePtr detached_copy(const Node& n) {
+  bool evaluated = n.is_evaluated();
+  auto copy = std::make_shared<Node>(evaluated ? OpCode::Constant : n.op,
+                                     evaluated ? std::vector<NodePtr>{} : n.inputs, n.shape,
+                                     n.dtype, n.device);
+  copy->scalar = n.scalar;
+  copy->index_map = n.index_map;
+  copy->reduce = n.reduce;
+  copy->check_indices = n.check_indices;
+  copy->axis = n.axis;
+  copy->seed = n.seed;
+  copy->offset = n.offset;
+  copy->weak_scalar = n.weak_scalar;
+  copy->origin = n.origin;
+  copy->buffer = n.buffer;
+  copy->requires_grad = false;
+  return copy;
+}
+
+}  // namespace
+
+Tensor Tensor::detach() const {
+  const Node& n = checked("detach");
+  return n.requires_grad ? Tensor(detached_copy(n)) : *this;
+}
+
+void Tensor::rebind(const Tensor& value, const char* what, bool check_meta) {
+  Node& old = const_cast<Node&>(checked(what));
+  if (!value.defined()) throw ValueError(std::string("[") + what + "] the new value is undefined");
+  const Node& v = *value.node();
+  if (check_meta && (v.shape != old.shape || v.dtype != old.dtype)) {
+    throw ShapeError(std::string("[") + what + "] the new value " +
+                     std::string(dtype_name(v.dtype)) + shape_str(v.shape) +
+                     " does not match the tensor " + std::string(dtype_name(old.dtype)) +
+                     shape_str(old.shape) + "; use set_data() to change shape or dtype");
+  }
+  if (check_meta && v.device != old.device) {
+    throw DeviceError(std::string("[") + what + "] the new value is on " + v.device.str() +
+                      " but the tensor is on " + old.device.str());
+  }
+  // The value becomes a leaf: a node with gradient history or another leaf's identity is
+  // copied rather than changed under its other users.
+  NodePtr next = v.requires_grad ? detached_copy(v) : value.node();
+  bool leaf = old.grad_leaf && is_floating(next->dtype);
+  next->requires_grad = leaf;
+  next->grad_leaf = leaf;
+  if (leaf && next.get() != &old && old.grad && old.grad->shape == next->shape &&
+      old.grad->dtype == next->dtype) {
+    set_node_grad(*next, old.grad);
+  }
+  impl_->reset(std::move(next));
+}
+
+void Tensor::assign(const Tensor& value) { rebind(value, "assign", true); }
+void Tensor::set_data(const Tensor& value) { rebind(value, "set_data", false); }
 
 const Shape& Tensor::shape() const { return checked("shape").shape; }
 DType Tensor::dtype() const { return checked("dtype").dtype; }
@@ -50,7 +151,7 @@ const Tensor& Tensor::eval() const {
 
 const void* Tensor::raw_data() const {
   eval();
-  return node_->buffer->data();
+  return node()->buffer->data();
 }
 
 void eval(const std::vector<Tensor>& tensors) {

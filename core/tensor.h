@@ -11,20 +11,17 @@
 
 namespace kiln {
 
-/// A reference-counted handle to a graph node. Copies share the node.
+/// A reference-counted handle to a graph node. Copies share the handle, as libtorch
+/// tensors share their storage: assign() on one copy is seen by all of them, while `=`
+/// rebinds just the variable it is applied to.
 class Tensor {
  public:
   /// An undefined tensor; most operations on it throw ValueError.
   Tensor() = default;
   /// Wraps a node (ops/ builds nodes; users normally never call this).
   explicit Tensor(NodePtr node);
-  Tensor(const Tensor& other);
-  Tensor(Tensor&& other) noexcept;
-  Tensor& operator=(const Tensor& other);
-  Tensor& operator=(Tensor&& other) noexcept;
-  ~Tensor();
 
-  bool defined() const { return node_ != nullptr; }
+  bool defined() const { return impl_ != nullptr; }
   const Shape& shape() const;
   /// Number of dimensions.
   int ndim() const { return static_cast<int>(shape().size()); }
@@ -34,7 +31,7 @@ class Tensor {
   DType dtype() const;
   Device device() const;
   /// True once the value is computed (constants always are).
-  bool is_evaluated() const { return node_ && node_->is_evaluated(); }
+  bool is_evaluated() const { return impl_ && node()->is_evaluated(); }
 
   /// Computes the value now (and the values of other held tensors it shares work with).
   const Tensor& eval() const;
@@ -53,11 +50,51 @@ class Tensor {
   /// PyTorch-style text: values (summarised past 1000 elements), shape and dtype.
   std::string str() const;
   /// The graph node behind the handle.
-  const NodePtr& node() const { return node_; }
+  const NodePtr& node() const;
+
+  // --- autograd (ops/autograd.h has grad() and the rules) ---
+  /// True when gradients flow to or through this tensor.
+  bool requires_grad() const;
+  /// Marks a floating tensor as a leaf of differentiation (a parameter), or unmarks it.
+  Tensor& requires_grad_(bool on = true);
+  /// True for tensors that backward() accumulates into (parameters), and for every tensor
+  /// that does not require grad, as in PyTorch.
+  bool is_leaf() const;
+  /// The same value with no gradient history; no data is copied once evaluated.
+  Tensor detach() const;
+  /// The gradient accumulated by backward() (undefined until then or after zero_grad()).
+  Tensor grad() const;
+  /// Replaces the accumulated gradient (an undefined tensor clears it).
+  void set_grad(const Tensor& grad);
+  /// Accumulates d(this)/d(leaf) into every leaf this scalar depends on, lazily; `gradient`
+  /// seeds non-scalar outputs. Defined in ops/autograd.cpp.
+  void backward(const Tensor& gradient = Tensor()) const;
+
+  // --- updates ---
+  /// Makes every copy of this handle refer to `value` (same shape and dtype), keeping the
+  /// leaf flag and gradient: optimizers update parameters this way, so no graph grows
+  /// across steps. The new value is detached from its history.
+  void assign(const Tensor& value);
+  /// Like assign() but any shape and dtype may be set (Module::to() casts parameters).
+  void set_data(const Tensor& value);
 
  private:
+  struct Impl;
   const Node& checked(const char* what) const;
-  NodePtr node_;
+  void rebind(const Tensor& value, const char* what, bool check_meta);
+  std::shared_ptr<Impl> impl_;
+};
+
+/// Turns off gradient recording on this thread while alive (torch.no_grad()).
+class NoGradGuard {
+ public:
+  NoGradGuard() : previous_(set_grad_mode(false)) {}
+  ~NoGradGuard() { set_grad_mode(previous_); }
+  NoGradGuard(const NoGradGuard&) = delete;
+  NoGradGuard& operator=(const NoGradGuard&) = delete;
+
+ private:
+  bool previous_;
 };
 
 /// Evaluates several tensors together, sharing their common work.
@@ -83,7 +120,7 @@ void store_scalar(void* data, DType dtype, int64_t i, const Scalar& v);
 template <typename T>
 std::vector<T> Tensor::to_vector() const {
   eval();
-  const Node& n = *node_;
+  const Node& n = *node();
   const void* p = n.buffer->data();
   std::vector<T> out(static_cast<size_t>(n.numel()));
   bool exact_int = !is_floating(n.dtype);

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <limits>
 
+#include "autograd.h"
 #include "reindex.h"
 #include "sources.h"
 
@@ -313,5 +314,76 @@ Tensor clamp(const Tensor& x, const Tensor& lo, const Tensor& hi) {
   if (hi.defined()) y = elementwise(OpCode::Minimum, {y, hi}, "clamp");
   return y;
 }
+
+namespace detail {
+
+// Gradient rules of the elementwise ops, next to their table. Operands already have the
+// op's dtype and shape (broadcasts and casts are nodes of their own), so every rule is
+// elementwise too. Ops with zero derivative almost everywhere (sign, floor, round, mod's
+// comparisons, integer results) pass nothing back, which sums as zero.
+std::vector<Tensor> elementwise_vjp(const Node& n, const std::vector<Tensor>& in, const Tensor& out,
+                                    const Tensor& g) {
+  constexpr double kLn2 = 0.69314718055994530942;
+  constexpr double kTwoOverSqrtPi = 1.12837916709551257390;
+  const Tensor& a = in[0];
+  std::vector<Tensor> d(in.size());
+  switch (n.op) {
+    case OpCode::Cast:
+      if (is_floating(a.dtype())) d[0] = cast(g, a.dtype());
+      break;
+    case OpCode::Neg: d[0] = -g; break;
+    case OpCode::Abs: d[0] = g * sign(a); break;
+    case OpCode::Exp: d[0] = g * out; break;
+    case OpCode::Exp2: d[0] = g * out * kLn2; break;
+    case OpCode::Log: d[0] = g / a; break;
+    case OpCode::Log2: d[0] = g / (a * kLn2); break;
+    case OpCode::Log1p: d[0] = g / (a + 1); break;
+    case OpCode::Expm1: d[0] = g * (out + 1); break;
+    case OpCode::Sqrt: d[0] = g * 0.5 / out; break;
+    case OpCode::Rsqrt: d[0] = g * -0.5 * out * out * out; break;
+    case OpCode::Reciprocal: d[0] = -g * out * out; break;
+    case OpCode::Sin: d[0] = g * cos(a); break;
+    case OpCode::Cos: d[0] = -g * sin(a); break;
+    case OpCode::Tan: d[0] = g * (out * out + 1); break;
+    case OpCode::Tanh: d[0] = g * (1 - out * out); break;
+    case OpCode::Sigmoid: d[0] = g * out * (1 - out); break;
+    case OpCode::Erf: d[0] = g * kTwoOverSqrtPi * exp(-(a * a)); break;
+    case OpCode::Add: d[0] = g, d[1] = g; break;
+    case OpCode::Sub: d[0] = g, d[1] = -g; break;
+    case OpCode::Mul: d[0] = g * in[1], d[1] = g * a; break;
+    case OpCode::Div: d[0] = g / in[1], d[1] = -g * out / in[1]; break;
+    case OpCode::Mod: d[0] = g, d[1] = -g * floor_div(a, in[1]); break;
+    case OpCode::Pow: {
+      const Tensor& b = in[1];
+      d[0] = where(b == 0, 0, g * b * pow(a, b - 1));
+      // a^b grows with b only for a > 0; PyTorch's convention gives 0 at a == 0, b >= 0.
+      d[1] = where(logical_and(a == 0, b >= 0), 0, g * out * log(a));
+      break;
+    }
+    case OpCode::Maximum:
+    case OpCode::Minimum: {
+      const Tensor& b = in[1];
+      Tensor a_wins = n.op == OpCode::Maximum ? a > b : a < b;
+      if (n.origin != nullptr && std::string_view(n.origin) == "relu") {
+        d[0] = where(a_wins, g, 0);  // relu'(0) = 0, as PyTorch
+        break;
+      }
+      // Ties split the gradient, as torch.maximum.
+      Tensor tie = a == b;
+      Tensor half = g * 0.5;
+      d[0] = where(a_wins, g, where(tie, half, 0));
+      d[1] = where(a_wins, 0, where(tie, half, g));
+      break;
+    }
+    case OpCode::Where:
+      d[1] = where(a, g, 0);
+      d[2] = where(a, 0, g);
+      break;
+    default: break;  // piecewise constant or not floating: no gradient
+  }
+  return d;
+}
+
+}  // namespace detail
 
 }  // namespace kiln

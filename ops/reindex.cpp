@@ -1,5 +1,8 @@
 #include "reindex.h"
 
+#include "autograd.h"
+#include "elementwise.h"
+
 namespace kiln {
 namespace {
 
@@ -126,5 +129,47 @@ Tensor broadcast_to(const Tensor& x, const Shape& shape, const char* origin) {
   if (in == shape) return x;
   return reindex(x, shape, std::move(map), 0, {}, false, origin ? origin : "broadcast_to");
 }
+
+namespace detail {
+
+// Gradient rules of the two index-map meta-ops. A reindex reads x[map(i)], so x's gradient
+// sums g back through the same map (reads out of range took the fill and pass nothing
+// back); a sum-reduce is the transpose, reading g at map(i). Index tensors get no gradient.
+std::vector<Tensor> reindex_vjp(const Node& n, const std::vector<Tensor>& inputs, const Tensor& out,
+                                const Tensor& g) {
+  const Tensor& x = inputs[0];
+  std::vector<Tensor> indices(inputs.begin() + 1, inputs.end());
+  std::vector<Tensor> grads(inputs.size());
+  if (n.op == OpCode::Reindex) {
+    grads[0] = reindex_reduce(g, ReduceOp::Sum, x.shape(), n.index_map, indices, false,
+                              "reindex backward");
+    return grads;
+  }
+  switch (n.reduce) {
+    case ReduceOp::Sum:
+      grads[0] = reindex(g, x.shape(), n.index_map, 0, indices, false, "reduce backward");
+      break;
+    case ReduceOp::Prod:
+      // d prod / d x_i = prod / x_i (inputs with zeros give inf/nan, as the product rule does).
+      grads[0] = reindex(g * out, x.shape(), n.index_map, 0, indices, false, "prod backward") / x;
+      break;
+    case ReduceOp::Max:
+    case ReduceOp::Min: {
+      // Ties share the gradient evenly, as torch.amax / amin.
+      Tensor spread = reindex(out, x.shape(), n.index_map, 0, indices, false, "max backward");
+      Tensor hit = eq(x, spread);
+      Tensor count = reindex_reduce(cast(hit, g.dtype()), ReduceOp::Sum, n.shape, n.index_map,
+                                    indices, false, "max backward");
+      Tensor share = reindex(g / count, x.shape(), n.index_map, 0, indices, false, "max backward");
+      grads[0] = where(hit, share, 0);
+      break;
+    }
+    case ReduceOp::And:
+    case ReduceOp::Or: break;  // bool: no gradient
+  }
+  return grads;
+}
+
+}  // namespace detail
 
 }  // namespace kiln

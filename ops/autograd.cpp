@@ -1,0 +1,209 @@
+// Reverse-mode differentiation over the lazy graph. The walk finds the nodes that lie on a
+// path from the output to a wanted input, then visits them outputs-first, asking each
+// node's rule for its inputs' gradients and summing contributions where a value is used
+// several times (tied weights). The result is ordinary lazy graph: nothing runs here.
+#include "autograd.h"
+
+#include <string>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "elementwise.h"
+#include "sources.h"
+
+namespace kiln {
+namespace {
+
+std::string describe(const Node& n) {
+  return std::string(n.origin ? n.origin : op_name(n.op).data()) + " -> " +
+         std::string(dtype_name(n.dtype)) + shape_str(n.shape);
+}
+
+// Why `output` has no gradient: the first node on the way down whose inputs carry gradient
+// flow but which does not (a comparison, an integer result, a NoGradGuard).
+std::string no_grad_reason(const Node& output) {
+  std::vector<const Node*> stack{&output};
+  std::unordered_set<const Node*> seen{&output};
+  while (!stack.empty()) {
+    const Node* n = stack.back();
+    stack.pop_back();
+    for (const NodePtr& in : n->inputs) {
+      if (in->requires_grad) {
+        return "; it is computed from tensors that require grad through " + describe(*n) +
+               ", which is not differentiable" +
+               (is_floating(n->dtype) ? " here (built inside a NoGradGuard?)" : "");
+      }
+      if (seen.insert(in.get()).second) stack.push_back(in.get());
+    }
+  }
+  return "; nothing it depends on requires grad (call requires_grad_() on the parameters)";
+}
+
+std::vector<Tensor> vjp(const Node& n, const Tensor& g) {
+  std::vector<Tensor> inputs;
+  inputs.reserve(n.inputs.size());
+  for (const NodePtr& in : n.inputs) inputs.emplace_back(in);
+  Tensor out(const_cast<Node&>(n).shared_from_this());
+  switch (op_family(n.op)) {
+    case OpFamily::Source:
+      return {};
+    case OpFamily::Elementwise:
+      return detail::elementwise_vjp(n, inputs, out, g);
+    case OpFamily::Reindex:
+    case OpFamily::ReindexReduce:
+      return detail::reindex_vjp(n, inputs, out, g);
+  }
+  return {};
+}
+
+// Walks from `output` down the edges that carry gradient flow. `stop` nodes (leaves) end
+// the walk; `wanted` tells which nodes need a gradient. Returns the nodes that lie on a
+// path to a wanted node, outputs first.
+std::vector<Node*> backward_order(Node* output, const std::unordered_set<Node*>& wanted) {
+  // Iterative post-order: inputs finish before their users.
+  std::vector<Node*> post;
+  std::unordered_map<Node*, bool> reaches;  // node -> lies on a path to a wanted node
+  std::vector<std::pair<Node*, size_t>> stack{{output, 0}};
+  reaches[output] = false;
+  while (!stack.empty()) {
+    auto& [n, next] = stack.back();
+    bool descend = !n->grad_leaf || n == output;
+    if (descend && next < n->inputs.size()) {
+      Node* in = n->inputs[next++].get();
+      if (in->requires_grad && !reaches.count(in)) {
+        reaches[in] = false;
+        stack.push_back({in, 0});
+      }
+      continue;
+    }
+    bool r = wanted.count(n) > 0;
+    if (descend) {
+      for (const NodePtr& in : n->inputs) {
+        auto it = reaches.find(in.get());
+        if (it != reaches.end() && it->second) r = true;
+      }
+    }
+    reaches[n] = r;
+    if (r) post.push_back(n);
+    stack.pop_back();
+  }
+  return {post.rbegin(), post.rend()};
+}
+
+// Gradients of every node in `order` (outputs first) seeded with `seed` at order's front.
+std::unordered_map<Node*, Tensor> propagate(const std::vector<Node*>& order, Node* output,
+                                            const Tensor& seed) {
+  std::unordered_set<Node*> on_path(order.begin(), order.end());
+  std::unordered_map<Node*, Tensor> grads;
+  grads[output] = seed;
+  for (Node* n : order) {
+    auto it = grads.find(n);
+    if (it == grads.end()) continue;
+    if (n->grad_leaf && n != output) continue;
+    Tensor g = it->second;
+    std::vector<Tensor> in_grads = vjp(*n, g);
+    for (size_t k = 0; k < in_grads.size() && k < n->inputs.size(); ++k) {
+      Node* in = n->inputs[k].get();
+      if (!in_grads[k].defined() || !on_path.count(in)) continue;
+      Tensor gk = in_grads[k];
+      if (gk.dtype() != in->dtype) gk = cast(gk, in->dtype);
+      auto [slot, fresh] = grads.try_emplace(in, gk);
+      if (!fresh) slot->second = add(slot->second, gk);
+    }
+  }
+  return grads;
+}
+
+Tensor seed_for(const char* what, const Tensor& output, const Tensor& grad_output) {
+  if (!output.defined())
+    throw ValueError(std::string("[") + what + "] the output tensor is undefined");
+  const Node& n = *output.node();
+  if (!n.requires_grad) {
+    throw ValueError(std::string("[") + what + "] " + std::string(dtype_name(n.dtype)) +
+                     shape_str(n.shape) + " does not require grad" + no_grad_reason(n));
+  }
+  if (grad_output.defined()) {
+    if (grad_output.shape() != n.shape) {
+      throw ShapeError(std::string("[") + what + "] grad_output " + shape_str(grad_output.shape()) +
+                       " does not match the output " + shape_str(n.shape));
+    }
+    return grad_output.dtype() == n.dtype ? grad_output.detach()
+                                          : cast(grad_output.detach(), n.dtype);
+  }
+  if (n.numel() != 1) {
+    throw ShapeError(std::string("[") + what + "] the output " + shape_str(n.shape) +
+                     " is not a scalar; pass a gradient of the same shape");
+  }
+  return ones(n.shape, n.dtype, n.device);
+}
+
+}  // namespace
+
+std::vector<Tensor> grad(const Tensor& output, const std::vector<Tensor>& inputs,
+                         const Tensor& grad_output, bool allow_unused, bool create_graph) {
+  Tensor seed = seed_for("grad", output, grad_output);
+  // Without create_graph the gradients are plain values: they keep no history, so holding
+  // them never keeps a forward graph alive.
+  bool previous = set_grad_mode(create_graph && grad_mode_enabled());
+  struct Restore {
+    bool mode;
+    ~Restore() { set_grad_mode(mode); }
+  } restore{previous};
+  std::unordered_set<Node*> wanted;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    if (!inputs[i].defined())
+      throw ValueError("[grad] input " + std::to_string(i) + " is undefined");
+    wanted.insert(inputs[i].node().get());
+  }
+  Node* out = output.node().get();
+  std::vector<Node*> order = backward_order(out, wanted);
+  std::unordered_map<Node*, Tensor> grads = propagate(order, out, seed);
+  std::vector<Tensor> result;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    auto it = grads.find(inputs[i].node().get());
+    if (it == grads.end()) {
+      if (!allow_unused) {
+        const Node& n = *inputs[i].node();
+        throw ValueError("[grad] input " + std::to_string(i) + " (" +
+                         std::string(dtype_name(n.dtype)) + shape_str(n.shape) +
+                         ") is not used to compute the output" +
+                         (n.requires_grad ? "" : " with gradient flow: it does not require grad") +
+                         "; pass allow_unused=true to get an undefined gradient");
+      }
+      result.emplace_back();
+    } else {
+      result.push_back(it->second);
+    }
+  }
+  return result;
+}
+
+void Tensor::backward(const Tensor& gradient) const {
+  Tensor seed = seed_for("backward", *this, gradient);
+  Node* out = node().get();
+  // Every leaf reachable through gradient flow is wanted; leaves end the walk.
+  std::unordered_set<Node*> leaves;
+  std::vector<Node*> stack{out};
+  std::unordered_set<Node*> seen{out};
+  while (!stack.empty()) {
+    Node* n = stack.back();
+    stack.pop_back();
+    if (n->grad_leaf) {
+      leaves.insert(n);
+      if (n != out) continue;
+    }
+    for (const NodePtr& in : n->inputs)
+      if (in->requires_grad && seen.insert(in.get()).second) stack.push_back(in.get());
+  }
+  NoGradGuard no_grad;  // gradients of backward() are values, never differentiated again
+  std::vector<Node*> order = backward_order(out, leaves);
+  std::unordered_map<Node*, Tensor> grads = propagate(order, out, seed);
+  for (Node* leaf : leaves) {
+    auto it = grads.find(leaf);
+    if (it == grads.end()) continue;
+    Tensor g = it->second;
+    set_node_grad(*leaf, (leaf->grad ? add(Tensor(leaf->grad), g) : g).node());
+  }
+}
+
+}  // namespace kiln

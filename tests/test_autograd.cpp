@@ -1,0 +1,431 @@
+// Autograd: a gradient check over every differentiable op (float64 central differences
+// through the reference evaluator), then the semantics around it: accumulation, tied
+// weights, no_grad, detach, assign, and the errors a user meets.
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <functional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "frontend/kiln.h"
+
+using namespace kiln;
+
+namespace {
+
+struct ExecutorScope {
+  explicit ExecutorScope(const char* name) { set_executor(name); }
+  ~ExecutorScope() { set_executor(""); }
+};
+
+/// One input of a gradient-check case: its shape and the open interval its values come from
+/// (|x| >= min_abs keeps inputs away from kinks such as abs at 0).
+struct Input {
+  Shape shape;
+  double lo = -2, hi = 2, min_abs = 0.0;
+};
+
+struct GradCase {
+  std::string name;
+  std::vector<Input> inputs;
+  std::function<Tensor(const std::vector<Tensor>&)> fn;
+};
+
+std::vector<double> random_values(const Input& in, std::mt19937_64& rng) {
+  std::uniform_real_distribution<double> u(in.lo, in.hi);
+  std::vector<double> v(static_cast<size_t>(numel(in.shape)));
+  for (double& x : v) {
+    do x = u(rng);
+    while (std::fabs(x) < in.min_abs);
+  }
+  return v;
+}
+
+// The scalar whose gradient is checked: sum(f(x) * w) with fixed random weights, so every
+// output element contributes with its own factor.
+double objective(const GradCase& c, const std::vector<std::vector<double>>& values,
+                 const std::vector<double>& weights, Tensor* out_loss,
+                 std::vector<Tensor>* leaves) {
+  std::vector<Tensor> xs;
+  for (size_t i = 0; i < values.size(); ++i) {
+    Tensor t = from_vector(values[i], c.inputs[i].shape);
+    if (leaves) t.requires_grad_();
+    xs.push_back(t);
+  }
+  Tensor y = c.fn(xs);
+  Tensor w = from_vector(weights, y.shape());
+  Tensor loss = sum(y * w);
+  if (out_loss) *out_loss = loss;
+  if (leaves) *leaves = xs;
+  return loss.item<double>();
+}
+
+// "" when the analytic gradient of every input element agrees with central differences.
+std::string check_case(const GradCase& c, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::vector<std::vector<double>> values;
+  for (const Input& in : c.inputs) values.push_back(random_values(in, rng));
+  std::vector<Tensor> probe;
+  for (size_t i = 0; i < values.size(); ++i)
+    probe.push_back(from_vector(values[i], c.inputs[i].shape));
+  Shape out_shape = c.fn(probe).shape();
+  std::vector<double> weights = random_values({out_shape, -1, 1, 0.1}, rng);
+
+  Tensor loss;
+  std::vector<Tensor> leaves;
+  objective(c, values, weights, &loss, &leaves);
+  std::vector<Tensor> grads = grad(loss, leaves);
+  const double eps = 1e-6;
+  for (size_t i = 0; i < values.size(); ++i) {
+    std::vector<double> analytic = grads[i].to_vector<double>();
+    for (size_t k = 0; k < values[i].size(); ++k) {
+      auto plus = values, minus = values;
+      plus[i][k] += eps;
+      minus[i][k] -= eps;
+      double numeric = (objective(c, plus, weights, nullptr, nullptr) -
+                        objective(c, minus, weights, nullptr, nullptr)) /
+                       (2 * eps);
+      if (std::fabs(numeric - analytic[k]) > 1e-5 * (1 + std::fabs(numeric))) {
+        return c.name + ": input " + std::to_string(i) + " element " + std::to_string(k) +
+               " analytic " + std::to_string(analytic[k]) + " numeric " + std::to_string(numeric);
+      }
+    }
+  }
+  return "";
+}
+
+using V = std::vector<Tensor>;
+
+std::vector<GradCase> unary_cases() {
+  struct U {
+    const char* name;
+    Tensor (*fn)(const Tensor&);
+    double lo, hi, min_abs;
+  };
+  const U list[] = {
+      {"neg", neg, -2, 2, 0},
+      {"abs", abs, -2, 2, 0.1},
+      {"exp", exp, -2, 2, 0},
+      {"exp2", exp2, -2, 2, 0},
+      {"log", log, 0.2, 3, 0},
+      {"log2", log2, 0.2, 3, 0},
+      {"log1p", log1p, -0.5, 2, 0},
+      {"expm1", expm1, -2, 2, 0},
+      {"sqrt", sqrt, 0.2, 3, 0},
+      {"rsqrt", rsqrt, 0.2, 3, 0},
+      {"reciprocal", reciprocal, -2, 2, 0.3},
+      {"sin", sin, -3, 3, 0},
+      {"cos", cos, -3, 3, 0},
+      {"tan", tan, -1.2, 1.2, 0},
+      {"tanh", tanh, -2, 2, 0},
+      {"sigmoid", sigmoid, -3, 3, 0},
+      {"erf", erf, -2, 2, 0},
+      {"square", square, -2, 2, 0},
+      {"relu", relu, -2, 2, 0.1},
+  };
+  std::vector<GradCase> cases;
+  for (const U& u : list) {
+    auto f = u.fn;
+    cases.push_back(
+        {u.name, {{{2, 3}, u.lo, u.hi, u.min_abs}}, [f](const V& x) { return f(x[0]); }});
+  }
+  // Zero-derivative ops contribute nothing but must not break the chain.
+  cases.push_back(
+      {"floor_plus_x", {{{5}, -2, 2, 0.1}}, [](const V& x) { return floor(x[0]) + x[0]; }});
+  cases.push_back(
+      {"sign_times_x", {{{5}, -2, 2, 0.1}}, [](const V& x) { return sign(x[0]) * x[0]; }});
+  return cases;
+}
+
+std::vector<GradCase> binary_cases() {
+  std::vector<GradCase> c;
+  Input a{{2, 3}}, b{{2, 3}}, row{{3}}, col{{2, 1}};
+  Input pos{{2, 3}, 0.3, 2}, away{{2, 3}, -2, 2, 0.3};
+  c.push_back({"add", {a, b}, [](const V& x) { return x[0] + x[1]; }});
+  c.push_back({"add_broadcast", {a, row}, [](const V& x) { return x[0] + x[1]; }});
+  c.push_back({"sub_broadcast", {col, row}, [](const V& x) { return x[0] - x[1]; }});
+  c.push_back({"mul_broadcast", {a, col}, [](const V& x) { return x[0] * x[1]; }});
+  c.push_back({"div", {a, away}, [](const V& x) { return x[0] / x[1]; }});
+  c.push_back({"mul_scalar", {a}, [](const V& x) { return 2.5 * x[0] - 1; }});
+  c.push_back({"pow", {pos, b}, [](const V& x) { return pow(x[0], x[1]); }});
+  c.push_back({"pow_scalar_exponent", {a}, [](const V& x) { return pow(x[0], 3); }});
+  c.push_back(
+      {"mod", {{{2, 3}, 0.5, 5}, {{2, 3}, 0.7, 1.3}}, [](const V& x) { return mod(x[0], x[1]); }});
+  c.push_back({"maximum", {a, b}, [](const V& x) { return maximum(x[0], x[1]); }});
+  c.push_back({"minimum", {a, b}, [](const V& x) { return minimum(x[0], x[1]); }});
+  c.push_back({"clamp", {{{8}, -3, 3}}, [](const V& x) { return clamp(x[0], -1.0, 1.0); }});
+  c.push_back({"where", {a, b}, [](const V& x) { return where(x[0] > x[1], x[0] * x[1], x[1]); }});
+  c.push_back({"shared_operand", {a}, [](const V& x) { return x[0] * x[0] + x[0]; }});
+  return c;
+}
+
+std::vector<GradCase> structural_cases() {
+  std::vector<GradCase> c;
+  Input m{{3, 4}}, t{{2, 3, 4}};
+  c.push_back({"broadcast_to", {{{3, 1}}}, [](const V& x) {
+                 return broadcast_to(x[0], {2, 3, 4});
+               }});
+  c.push_back({"reshape", {m}, [](const V& x) { return reshape(x[0], {2, 6}); }});
+  c.push_back({"flatten", {t}, [](const V& x) { return flatten(x[0], 1); }});
+  c.push_back(
+      {"squeeze_unsqueeze", {{{3, 1, 2}}}, [](const V& x) { return unsqueeze(squeeze(x[0]), 0); }});
+  c.push_back({"permute", {t}, [](const V& x) { return permute(x[0], {2, 0, 1}); }});
+  c.push_back({"transpose", {m}, [](const V& x) { return transpose(x[0], 0, 1); }});
+  c.push_back({"slice_step", {m}, [](const V& x) { return slice(x[0], 1, 0, 4, 2); }});
+  c.push_back({"flip", {m}, [](const V& x) { return flip(x[0], {0, 1}); }});
+  c.push_back({"pad", {m}, [](const V& x) { return pad(x[0], {{1, 0}, {2, -1}}, 0.5); }});
+  c.push_back({"concat", {m, {{3, 2}}}, [](const V& x) { return concat({x[0], x[1]}, 1); }});
+  c.push_back({"stack", {m, m}, [](const V& x) { return stack({x[0], x[1] * 2}, 1); }});
+  c.push_back({"split", {m}, [](const V& x) {
+                 auto parts = split(x[0], {1, 3}, 1);
+                 return parts[0] * parts[1];
+               }});
+  c.push_back({"chunk", {m}, [](const V& x) {
+                 auto parts = chunk(x[0], 2, 1);
+                 return parts[0] - parts[1] * 3;
+               }});
+  c.push_back({"gather", {m}, [](const V& x) {
+                 return gather(x[0], 1, from_vector<int64_t>({0, 3, 3, 1, 2, 0}, {3, 2}));
+               }});
+  c.push_back({"index_select", {m}, [](const V& x) {
+                 return index_select(x[0], 0, from_vector<int64_t>({2, 0, 2}));
+               }});
+  c.push_back(
+      {"scatter_add", {m, {{3, 2}}}, [](const V& x) {
+         return scatter_add(x[0], 1, from_vector<int64_t>({0, 0, 3, 1, 2, 2}, {3, 2}), x[1]);
+       }});
+  c.push_back(
+      {"tril_triu", {{{4, 4}}}, [](const V& x) { return tril(x[0], 1) + triu(x[0], 2) * 2; }});
+  c.push_back({"reindex_reduce_direct", {m}, [](const V& x) {
+                 return reindex_reduce(x[0], ReduceOp::Sum, {2},
+                                       {mod(IndexExpr::var(1), IndexExpr::constant(2))});
+               }});
+  return c;
+}
+
+std::vector<GradCase> reduction_cases() {
+  std::vector<GradCase> c;
+  Input t{{2, 3, 4}};
+  c.push_back({"sum_all", {t}, [](const V& x) { return sum(x[0]); }});
+  c.push_back({"sum_axes_keepdim", {t}, [](const V& x) { return sum(x[0], {0, 2}, true); }});
+  c.push_back({"prod", {{{2, 3}, 0.5, 1.5}}, [](const V& x) { return prod(x[0], 1); }});
+  c.push_back({"mean", {t}, [](const V& x) { return mean(x[0], {1}); }});
+  c.push_back({"max_axis", {t}, [](const V& x) { return max(x[0], 2); }});
+  c.push_back({"min_all", {t}, [](const V& x) { return min(x[0]); }});
+  c.push_back({"logsumexp", {t}, [](const V& x) { return logsumexp(x[0], {2}); }});
+  c.push_back({"var", {t}, [](const V& x) { return var(x[0], {2}); }});
+  c.push_back({"std", {t}, [](const V& x) { return kiln::std(x[0], {1}, true, 0); }});
+  c.push_back({"softmax", {t}, [](const V& x) { return softmax(x[0], -1); }});
+  c.push_back({"log_softmax", {t}, [](const V& x) { return log_softmax(x[0], 1); }});
+  return c;
+}
+
+std::vector<GradCase> linalg_cases() {
+  std::vector<GradCase> c;
+  c.push_back({"matmul_2d", {{{3, 4}}, {{4, 2}}}, [](const V& x) { return matmul(x[0], x[1]); }});
+  c.push_back({"matmul_batched_broadcast", {{{2, 1, 3, 4}}, {{3, 4, 2}}}, [](const V& x) {
+                 return matmul(x[0], x[1]);
+               }});
+  c.push_back({"matmul_vector", {{{4}}, {{4, 3}}}, [](const V& x) { return matmul(x[0], x[1]); }});
+  c.push_back({"dot", {{{5}}, {{5}}}, [](const V& x) { return matmul(x[0], x[1]); }});
+  c.push_back(
+      {"linear", {{{2, 4}}, {{3, 4}}, {{3}}}, [](const V& x) { return linear(x[0], x[1], x[2]); }});
+  c.push_back({"outer", {{{3}}, {{2}}}, [](const V& x) { return outer(x[0], x[1]); }});
+  c.push_back({"mlp_chain", {{{2, 3}}, {{3, 4}}, {{4, 2}}}, [](const V& x) {
+                 return log_softmax(matmul(tanh(matmul(x[0], x[1])), x[2]), 1);
+               }});
+  return c;
+}
+
+void run_cases(const std::vector<GradCase>& cases) {
+  ExecutorScope reference("reference");
+  for (const GradCase& c : cases) {
+    for (uint64_t seed : {1u, 2u}) {
+      INFO(c.name << " seed " << seed);
+      CHECK(check_case(c, seed) == "");
+    }
+  }
+}
+
+}  // namespace
+
+TEST_CASE("gradient check of unary ops against central differences", "[autograd][gradcheck]") {
+  run_cases(unary_cases());
+}
+
+TEST_CASE("gradient check of binary ops and broadcasting", "[autograd][gradcheck]") {
+  run_cases(binary_cases());
+}
+
+TEST_CASE("gradient check of shape and index ops", "[autograd][gradcheck]") {
+  run_cases(structural_cases());
+}
+
+TEST_CASE("gradient check of reductions and normalisations", "[autograd][gradcheck]") {
+  run_cases(reduction_cases());
+}
+
+TEST_CASE("gradient check of matrix products", "[autograd][gradcheck]") {
+  run_cases(linalg_cases());
+}
+
+TEST_CASE("cast passes gradients back in the input's dtype", "[autograd]") {
+  // Central differences cannot see through float32 rounding, so this rule is checked exactly.
+  Tensor x = from_vector<double>({0.25, -1.5}).requires_grad_();
+  Tensor y = sum(cast(x, DType::Float32) * 3.0f);
+  Tensor g = grad(y, {x})[0];
+  REQUIRE(g.dtype() == DType::Float64);
+  REQUIRE(g.to_vector<double>() == std::vector<double>{3.0, 3.0});
+  REQUIRE_FALSE(cast(x, DType::Int32).requires_grad());
+}
+
+TEST_CASE("JIT and reference executors give the same gradients", "[autograd]") {
+  manual_seed(7);
+  Tensor x = randn({16, 8}, DType::Float32);
+  Tensor w1 = (randn({8, 32}) * 0.3).eval().detach();
+  Tensor w2 = (randn({32, 4}) * 0.3).eval().detach();
+  w1.requires_grad_();
+  w2.requires_grad_();
+  auto run = [&] {
+    Tensor loss = mean(square(matmul(relu(matmul(x, w1)), w2)));
+    std::vector<Tensor> g = grad(loss, {w1, w2});
+    return std::make_pair(g[0].to_vector<double>(), g[1].to_vector<double>());
+  };
+  auto jit = run();
+  std::pair<std::vector<double>, std::vector<double>> ref;
+  {
+    ExecutorScope scope("reference");
+    ref = run();
+  }
+  for (size_t i = 0; i < jit.first.size(); ++i)
+    REQUIRE(jit.first[i] == Approx(ref.first[i]).margin(1e-5));
+  for (size_t i = 0; i < jit.second.size(); ++i)
+    REQUIRE(jit.second[i] == Approx(ref.second[i]).margin(1e-5));
+}
+
+TEST_CASE("backward accumulates into leaves and tied weights get summed gradients", "[autograd]") {
+  Tensor w = from_vector<double>({1.5, -2.0, 0.5}).requires_grad_();
+  Tensor x = from_vector<double>({2.0, 3.0, -1.0});
+  // w is used twice: d/dw sum(w*x + w*w) = x + 2w.
+  Tensor loss = sum(w * x + w * w);
+  loss.backward();
+  std::vector<double> g = w.grad().to_vector<double>();
+  REQUIRE(g == std::vector<double>{2.0 + 3.0, 3.0 - 4.0, -1.0 + 1.0});
+  // A second backward adds (gradient accumulation over micro-batches).
+  sum(w * 2.0).backward();
+  REQUIRE(w.grad().to_vector<double>() == std::vector<double>{7.0, 1.0, 2.0});
+  w.set_grad(Tensor());
+  REQUIRE_FALSE(w.grad().defined());
+}
+
+TEST_CASE("gradients with respect to an intermediate value and seeded outputs", "[autograd]") {
+  Tensor x = from_vector<double>({1.0, 2.0, 3.0}).requires_grad_();
+  Tensor h = x * 2.0;
+  Tensor y = h * h;  // dy/dh = 2h
+  std::vector<Tensor> g = grad(y, {h, x}, from_vector<double>({1.0, 0.5, -1.0}));
+  REQUIRE(g[0].to_vector<double>() == std::vector<double>{4.0, 4.0, -12.0});
+  REQUIRE(g[1].to_vector<double>() == std::vector<double>{8.0, 8.0, -24.0});
+}
+
+TEST_CASE("second derivatives through create_graph", "[autograd]") {
+  Tensor x = from_vector<double>({0.5, -1.0}).requires_grad_();
+  Tensor y = sum(x * x * x);
+  Tensor dx = grad(y, {x}, Tensor(), false, true)[0];  // 3x^2
+  Tensor ddx = grad(sum(dx), {x})[0];                  // 6x
+  REQUIRE(dx.to_vector<double>() == std::vector<double>{0.75, 3.0});
+  REQUIRE(ddx.to_vector<double>() == std::vector<double>{3.0, -6.0});
+}
+
+TEST_CASE("no_grad scopes and detach cut gradient flow", "[autograd]") {
+  Tensor w = from_vector<float>({1, 2}).requires_grad_();
+  Tensor a;
+  {
+    NoGradGuard guard;
+    a = w * 3;
+  }
+  REQUIRE_FALSE(a.requires_grad());
+  REQUIRE((w * 3).requires_grad());
+  Tensor d = (w * 3).detach();
+  REQUIRE_FALSE(d.requires_grad());
+  REQUIRE(d.to_vector<float>() == std::vector<float>{3, 6});
+  // Only the non-detached path contributes: d/dw sum(w*w.detach()) = w.
+  Tensor loss = sum(w * w.detach());
+  REQUIRE(grad(loss, {w})[0].to_vector<float>() == std::vector<float>{1, 2});
+  // Integer results never require grad.
+  REQUIRE_FALSE(argmax(w, 0).requires_grad());
+}
+
+TEST_CASE("evaluating the loss first keeps the graph for backward", "[autograd]") {
+  Tensor w = from_vector<float>({0.5f, -1.5f}).requires_grad_();
+  Tensor loss = sum(exp(w));
+  REQUIRE(loss.item<float>() == Approx(std::exp(0.5f) + std::exp(-1.5f)));
+  loss.backward();
+  std::vector<float> g = w.grad().to_vector<float>();
+  REQUIRE(g[0] == Approx(std::exp(0.5f)));
+  REQUIRE(g[1] == Approx(std::exp(-1.5f)));
+}
+
+TEST_CASE("assign updates every copy and keeps training loops from growing the graph",
+          "[autograd]") {
+  manual_seed(3);
+  Tensor w = (randn({4, 3}) * 0.5).eval().detach().requires_grad_();
+  Tensor copy = w;  // an optimizer's copy of the parameter
+  Tensor x = randn({8, 4}).eval();
+  Tensor target = randn({8, 3}).eval();
+  int64_t nodes_after_first = 0;
+  float first_loss = 0, last_loss = 0;
+  for (int step = 0; step < 60; ++step) {
+    Tensor loss = mean(square(matmul(x, w) - target));
+    loss.backward();
+    {
+      NoGradGuard no_grad;
+      copy.assign(copy - 0.1 * copy.grad());
+    }
+    copy.set_grad(Tensor());
+    float l = loss.item<float>();
+    if (step == 0) first_loss = l;
+    last_loss = l;
+    if (step == 5) nodes_after_first = Node::live_count();
+  }
+  REQUIRE(w.node() == copy.node());
+  REQUIRE(w.is_leaf());
+  REQUIRE(w.requires_grad());
+  REQUIRE(last_loss < 0.7f * first_loss);
+  REQUIRE(Node::live_count() <= nodes_after_first + 8);
+}
+
+TEST_CASE("autograd misuse raises typed errors", "[autograd][errors]") {
+  Tensor w = from_vector<float>({1, 2, 3}).requires_grad_();
+  Tensor x = from_vector<float>({1, 2, 3});
+  SECTION("output that does not require grad") {
+    REQUIRE_THROWS_WITH(sum(x).backward(), Catch::Contains("does not require grad") &&
+                                               Catch::Contains("requires_grad_()"));
+  }
+  SECTION("backward through a non-differentiable op names it") {
+    Tensor idx = argmax(w * 2, 0);
+    REQUIRE_THROWS_AS(cast(idx, DType::Float32).backward(), ValueError);
+    REQUIRE_THROWS_WITH(cast(idx, DType::Float32).backward(), Catch::Contains("argmax"));
+  }
+  SECTION("non-scalar output without a seed") {
+    REQUIRE_THROWS_AS((w * 2).backward(), ShapeError);
+    REQUIRE_THROWS_WITH((w * 2).backward(), Catch::Contains("not a scalar"));
+  }
+  SECTION("seed of the wrong shape") { REQUIRE_THROWS_AS((w * 2).backward(ones({2})), ShapeError); }
+  SECTION("unused input") {
+    Tensor v = from_vector<float>({1}).requires_grad_();
+    REQUIRE_THROWS_WITH(grad(sum(w), {v}),
+                        Catch::Contains("not used") && Catch::Contains("allow_unused"));
+    REQUIRE_FALSE(grad(sum(w), {v}, Tensor(), true)[0].defined());
+  }
+  SECTION("integer tensors cannot require grad") {
+    REQUIRE_THROWS_AS(from_vector<int64_t>({1, 2}).requires_grad_(), DTypeError);
+  }
+  SECTION("assign with a different shape or dtype") {
+    REQUIRE_THROWS_AS(w.assign(zeros({4})), ShapeError);
+    REQUIRE_THROWS_WITH(w.assign(zeros({3}, DType::Float64)), Catch::Contains("set_data"));
+  }
+  SECTION("set_grad with a mismatching gradient") {
+    REQUIRE_THROWS_AS(w.set_grad(zeros({2})), ShapeError);
+  }
+}
