@@ -38,7 +38,7 @@ const Node& Tensor::checked(const char* what) const {
 
 bool Tensor::requires_grad() const { return impl_ && impl_->node->requires_grad; }
 
-Tensor& Tensor::requires_grad_(bool on) {
+const Tensor& Tensor::requires_grad_(bool on) const {
   Node& n = const_cast<Node&>(checked("requires_grad_"));
   if (on && !is_floating(n.dtype)) {
     throw DTypeError("[requires_grad_] only floating tensors can require gradients, got " +

@@ -56,7 +56,7 @@ class Tensor {
   /// True when gradients flow to or through this tensor.
   bool requires_grad() const;
   /// Marks a floating tensor as a leaf of differentiation (a parameter), or unmarks it.
-  Tensor& requires_grad_(bool on = true);
+  const Tensor& requires_grad_(bool on = true) const;
   /// True for tensors that backward() accumulates into (parameters), and for every tensor
   /// that does not require grad, as in PyTorch.
   bool is_leaf() const;

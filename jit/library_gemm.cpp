@@ -1,8 +1,10 @@
 #include "library_gemm.h"
 
+#include <algorithm>
 #include <cstring>
 #include <mutex>
 
+#include "../core/error.h"
 #include "../core/thread_pool.h"
 
 #ifndef KILN_WITH_BLAS
@@ -24,19 +26,157 @@ void openblas_set_num_threads(int threads);
 namespace kiln::jit {
 namespace {
 
-bool is_var(const IndexExpr& e, int64_t v) { return e.kind() == IndexExpr::Kind::Var && e.value() == v; }
+// One operand of C = A @ B as BLAS sees it: rows x cols, row-major with leading dimension
+// `ld`, transposed when the stored matrix is cols x rows.
+struct MatrixView {
+  bool trans = false;
+  int64_t ld = 1;
+};
 
-// Checks the batch prefix of an operand map: right-aligned against the domain's batch dims,
-// each entry either the batch coordinate or 0 for a broadcast size-1 dim.
-bool batch_ok(const std::vector<IndexExpr>& map, const Shape& own, size_t batch_rank, int nb, const Shape& domain) {
-  if (batch_rank > static_cast<size_t>(nb)) return false;
-  size_t lead = static_cast<size_t>(nb) - batch_rank;
-  for (size_t d = 0; d < batch_rank; ++d) {
-    const IndexExpr& e = map[d];
-    if (is_var(e, static_cast<int64_t>(lead + d)) && own[d] == domain[lead + d]) continue;
-    if (e.is_const() && e.value() == 0 && own[d] == 1) continue;
+// Element (i, j) of a rows x cols matrix lives at i * stride_r + j * stride_c; BLAS needs one
+// of the two to be 1 (row-major as stored, or transposed).
+bool blas_view(int64_t rows, int64_t cols, int64_t stride_r, int64_t stride_c, MatrixView* v) {
+  if (cols == 1 || stride_c == 1) {
+    v->trans = false;
+    v->ld = rows == 1 ? std::max<int64_t>(cols, 1) : stride_r;
+    return v->ld >= std::max<int64_t>(cols, 1);
+  }
+  if (rows == 1 || stride_r == 1) {
+    v->trans = true;
+    v->ld = stride_c;
+    return v->ld >= std::max<int64_t>(rows, 1);
+  }
+  return false;
+}
+
+// How a recognised contraction maps to batched GEMM calls.
+struct GemmLayout {
+  int64_t m = 1, n = 1, k = 1;
+  MatrixView a, b;
+  int64_t ldc = 1;
+  bool swap = false;  // C is stored transposed: compute C^T = B^T A^T
+  struct Batch {
+    int64_t size, a, b, c;  // extent and element strides
+  };
+  std::vector<Batch> batches;
+};
+
+// Per domain dimension, the element stride of an operand whose map reads it (-1: absent).
+// Maps must be plain coordinates or 0 for size-1 dims; a dimension read twice (a diagonal)
+// does not fit a GEMM.
+bool operand_strides(const std::vector<IndexExpr>& map, const Shape& own, const Shape& dom,
+                     std::vector<int64_t>* strides) {
+  strides->assign(dom.size(), -1);
+  std::vector<int64_t> st = contiguous_strides(own);
+  if (map.size() != own.size()) return false;
+  for (size_t j = 0; j < map.size(); ++j) {
+    const IndexExpr& e = map[j];
+    if (e.is_const() && e.value() == 0 && own[j] == 1) continue;
+    if (e.kind() != IndexExpr::Kind::Var) return false;
+    auto d = static_cast<size_t>(e.value());
+    if (d >= dom.size() || own[j] != dom[d]) return false;
+    if (dom[d] == 1) continue;
+    if ((*strides)[d] != -1) return false;
+    (*strides)[d] = st[j];
+  }
+  return true;
+}
+
+// A group of dimensions read as one: its total extent and, per operand, the stride of its
+// innermost member (a size-1 group has stride 0).
+struct Merged {
+  int64_t size = 1;
+  std::vector<int64_t> strides{0, 0};
+};
+
+// Whether `dims` flatten into one dimension in every operand: ordered by the first
+// operand's strides, each stride must be the next one times that dimension's extent.
+bool merge_dims(std::vector<int> dims, const Shape& dom,
+                const std::vector<const std::vector<int64_t>*>& strides, Merged* out) {
+  const std::vector<int64_t>& first = *strides[0];
+  std::sort(dims.begin(), dims.end(), [&](int x, int y) { return first[x] > first[y]; });
+  for (size_t i = 0; i + 1 < dims.size(); ++i) {
+    for (const auto* s : strides) {
+      if ((*s)[dims[i]] != (*s)[dims[i + 1]] * dom[dims[i + 1]]) return false;
+    }
+  }
+  out->size = 1;
+  for (int d : dims) out->size *= dom[d];
+  out->strides.clear();
+  for (const auto* s : strides) out->strides.push_back((*s)[dims.back()]);
+  return true;
+}
+
+// Recognises out = reduce_sum(reindex(A) * reindex(B)) with plain coordinate maps as a
+// (batched) matrix product with any operand or result transposed: the forward matmul, and
+// the products autograd builds for its gradients (g @ B^T, A^T @ g).
+bool gemm_layout(const Node& r, GemmLayout* out) {
+  if (r.op != OpCode::ReindexReduce || r.reduce != ReduceOp::Sum || r.inputs.size() != 1) return false;
+  if (r.dtype != DType::Float32 && r.dtype != DType::Float64) return false;
+  const Node& p = *r.inputs[0];
+  if (p.op != OpCode::Mul || p.inputs.size() != 2) return false;
+  const Node& ra = *p.inputs[0];
+  const Node& rb = *p.inputs[1];
+  for (const Node* x : {&ra, &rb}) {
+    if (x->op != OpCode::Reindex || x->inputs.size() != 1 || x->dtype != r.dtype) return false;
+    if (x->inputs[0]->dtype != r.dtype) return false;
+  }
+  const Shape& dom = p.shape;
+  std::vector<int64_t> sa, sb, sc;
+  if (!operand_strides(ra.index_map, ra.inputs[0]->shape, dom, &sa)) return false;
+  if (!operand_strides(rb.index_map, rb.inputs[0]->shape, dom, &sb)) return false;
+  if (!operand_strides(r.index_map, r.shape, dom, &sc)) return false;
+  // Classify the dimensions: k is read by both operands and summed, m by A and C, n by B
+  // and C, batch by all three.
+  std::vector<int> ks, ms, ns, batch;
+  for (size_t d = 0; d < dom.size(); ++d) {
+    if (dom[d] == 1) continue;
+    bool in_a = sa[d] >= 0, in_b = sb[d] >= 0, in_c = sc[d] >= 0;
+    int di = static_cast<int>(d);
+    if (in_a && in_b) {
+      (in_c ? batch : ks).push_back(di);
+    } else if (in_c && (in_a || in_b)) {
+      (in_a ? ms : ns).push_back(di);
+    } else {
+      return false;  // summed over one operand alone, or a broadcast result
+    }
+  }
+  if (ks.empty()) return false;  // an outer product: no reduction for the library to do
+  // Several k dims (a linear layer's weight gradient sums over batch and time) are one k when
+  // they flatten together in both operands. Several m (n) dims flatten likewise or, failing
+  // that, all but the innermost become batch dimensions that B (A) broadcasts over.
+  Merged k, m, n;
+  if (!merge_dims(ks, dom, {&sa, &sb}, &k)) return false;
+  auto pick = [&](std::vector<int>& dims, const std::vector<int64_t>& own, Merged* out) {
+    if (dims.empty() || merge_dims(dims, dom, {&own, &sc}, out)) return;
+    std::sort(dims.begin(), dims.end(), [&](int x, int y) { return sc[x] < sc[y]; });
+    *out = {dom[dims[0]], {own[dims[0]], sc[dims[0]]}};
+    batch.insert(batch.end(), dims.begin() + 1, dims.end());
+  };
+  pick(ms, sa, &m);
+  pick(ns, sb, &n);
+  GemmLayout g;
+  g.k = k.size;
+  g.m = m.size;
+  g.n = n.size;
+  int64_t a_m = m.strides[0], c_m = m.strides[1];
+  int64_t b_n = n.strides[0], c_n = n.strides[1];
+  const int64_t a_k = k.strides[0], b_k = k.strides[1];
+  MatrixView cv;
+  if (blas_view(g.m, g.n, c_m, c_n, &cv) && !cv.trans) {
+    g.ldc = cv.ld;
+    if (!blas_view(g.m, g.k, a_m, a_k, &g.a) || !blas_view(g.k, g.n, b_k, b_n, &g.b)) return false;
+  } else if (blas_view(g.n, g.m, c_n, c_m, &cv) && !cv.trans) {
+    // C^T[n][m] = sum_k B[k][n] A[m][k]: B^T is the left operand, A^T the right.
+    g.swap = true;
+    g.ldc = cv.ld;
+    std::swap(g.m, g.n);
+    if (!blas_view(g.m, g.k, b_n, b_k, &g.a) || !blas_view(g.k, g.n, a_k, a_m, &g.b)) return false;
+  } else {
     return false;
   }
+  for (int d : batch) g.batches.push_back({dom[d], std::max<int64_t>(sa[d], 0), std::max<int64_t>(sb[d], 0), sc[d]});
+  *out = std::move(g);
   return true;
 }
 
@@ -45,49 +185,20 @@ bool batch_ok(const std::vector<IndexExpr>& map, const Shape& own, size_t batch_
 bool have_blas() { return KILN_WITH_BLAS != 0; }
 
 bool match_gemm(Node* r, const std::function<bool(Node*)>& single_use, GemmMatch* match) {
-  if (!have_blas() || r->op != OpCode::ReindexReduce || r->reduce != ReduceOp::Sum || r->inputs.size() != 1) return false;
-  if (r->dtype != DType::Float32 && r->dtype != DType::Float64) return false;
+  if (!have_blas() || r->op != OpCode::ReindexReduce || r->inputs.size() != 1) return false;
   Node* p = r->inputs[0].get();
   if (p->is_evaluated() || p->op != OpCode::Mul || !single_use(p)) return false;
   Node* ra = p->inputs[0].get();
   Node* rb = p->inputs[1].get();
-  for (Node* x : {ra, rb}) {
-    if (x->is_evaluated() || x->op != OpCode::Reindex || x->inputs.size() != 1 || !single_use(x)) return false;
-  }
-  Node* a = ra->inputs[0].get();
-  Node* b = rb->inputs[0].get();
-  if (a->dtype != r->dtype || b->dtype != r->dtype) return false;
-  const Shape& dom = p->shape;
-  if (dom.size() < 3) return false;
-  const int nb = static_cast<int>(dom.size()) - 3;
-  // Output map: batch vars, then m (unless A is a vector), then n (unless B is a vector).
-  const auto& mo = r->index_map;
-  if (mo.size() < static_cast<size_t>(nb)) return false;
-  for (int d = 0; d < nb; ++d)
-    if (!is_var(mo[d], d)) return false;
-  size_t pos = static_cast<size_t>(nb);
-  bool has_m = pos < mo.size() && is_var(mo[pos], nb);
-  if (has_m) ++pos;
-  bool has_n = pos < mo.size() && is_var(mo[pos], nb + 2);
-  if (has_n) ++pos;
-  if (pos != mo.size()) return false;
-  if ((!has_m && dom[nb] != 1) || (!has_n && dom[nb + 2] != 1)) return false;
-  // A: batch..., [m], k.
-  const auto& ma = ra->index_map;
-  size_t a_tail = has_m ? 2 : 1;
-  if (ma.size() < a_tail || !batch_ok(ma, a->shape, ma.size() - a_tail, nb, dom)) return false;
-  if (has_m && !is_var(ma[ma.size() - 2], nb)) return false;
-  if (!is_var(ma.back(), nb + 1)) return false;
-  // B: batch..., k, [n].
-  const auto& mb = rb->index_map;
-  size_t b_tail = has_n ? 2 : 1;
-  if (mb.size() < b_tail || !batch_ok(mb, b->shape, mb.size() - b_tail, nb, dom)) return false;
-  if (!is_var(mb[mb.size() - b_tail], nb + 1)) return false;
-  if (has_n && !is_var(mb.back(), nb + 2)) return false;
+  // The operand reindexes are views: other consumers inline them again, so they may be
+  // shared (autograd's products reuse the forward's).
+  if (ra->is_evaluated() || rb->is_evaluated()) return false;
+  GemmLayout layout;
+  if (!gemm_layout(*r, &layout)) return false;
   match->reduce = r;
   match->absorbed = {p, ra, rb};
-  match->a = a;
-  match->b = b;
+  match->a = ra->inputs[0].get();
+  match->b = rb->inputs[0].get();
   return true;
 }
 
@@ -97,48 +208,48 @@ void run_gemm(const GemmMatch& g) {
   std::call_once(threads_set, [] { openblas_set_num_threads(thread_pool().size()); });
 #endif
   Node& out = *g.reduce;
-  Node* p = out.inputs[0].get();
-  const Shape& dom = p->shape;
-  const int nb = static_cast<int>(dom.size()) - 3;
-  const int64_t m = dom[nb], k = dom[nb + 1], n = dom[nb + 2];
-  const Node& ra = *p->inputs[0];
-  const Node& rb = *p->inputs[1];
+  GemmLayout L;
+  if (!gemm_layout(out, &L)) throw ValueError("[matmul] the library GEMM no longer matches its plan");
   const size_t elem = itemsize(out.dtype);
   auto buffer = std::make_shared<Buffer>(out.nbytes(), out.device);
   char* c = static_cast<char*>(buffer->data());
-  const char* a = static_cast<const char*>(g.a->buffer->data());
-  const char* b = static_cast<const char*>(g.b->buffer->data());
-  if (k == 0) std::memset(c, 0, out.nbytes());
-  int64_t batches = 1;
-  for (int d = 0; d < nb; ++d) batches *= dom[d];
-  std::vector<int64_t> sa = contiguous_strides(g.a->shape), sb = contiguous_strides(g.b->shape);
-  std::vector<int64_t> bi(static_cast<size_t>(nb), 0);
-  for (int64_t t = 0; t < batches && k > 0 && m > 0 && n > 0; ++t) {
-    int64_t oa = 0, ob = 0;
-    // Batch coordinates are the map's vars below nb; broadcast dims (constant 0) add nothing.
-    for (size_t d = 0; d < ra.index_map.size(); ++d) {
-      const IndexExpr& e = ra.index_map[d];
-      if (e.kind() == IndexExpr::Kind::Var && e.value() < nb) oa += bi[e.value()] * sa[d];
+  if (L.k == 0) std::memset(c, 0, out.nbytes());
+  const char* a = static_cast<const char*>((L.swap ? g.b : g.a)->buffer->data());
+  const char* b = static_cast<const char*>((L.swap ? g.a : g.b)->buffer->data());
+  if (L.swap) {
+    for (auto& bt : L.batches) std::swap(bt.a, bt.b);
+  }
+  int64_t total = 1;
+  for (const auto& bt : L.batches) total *= bt.size;
+  std::vector<int64_t> bi(L.batches.size(), 0);
+  for (int64_t t = 0; t < total && L.m > 0 && L.n > 0 && L.k > 0; ++t) {
+    int64_t oa = 0, ob = 0, oc = 0;
+    for (size_t d = 0; d < L.batches.size(); ++d) {
+      oa += bi[d] * L.batches[d].a;
+      ob += bi[d] * L.batches[d].b;
+      oc += bi[d] * L.batches[d].c;
     }
-    for (size_t d = 0; d < rb.index_map.size(); ++d) {
-      const IndexExpr& e = rb.index_map[d];
-      if (e.kind() == IndexExpr::Kind::Var && e.value() < nb) ob += bi[e.value()] * sb[d];
-    }
-    char* ct = c + t * m * n * elem;
+    char* ct = c + oc * static_cast<int64_t>(elem);
 #if KILN_WITH_BLAS
-    constexpr int kRowMajor = 101, kNoTrans = 111;
+    constexpr int kRowMajor = 101, kNoTrans = 111, kTrans = 112;
+    int ta = L.a.trans ? kTrans : kNoTrans, tb = L.b.trans ? kTrans : kNoTrans;
+    int m = static_cast<int>(L.m), n = static_cast<int>(L.n), k = static_cast<int>(L.k);
     if (out.dtype == DType::Float32) {
-      cblas_sgemm(kRowMajor, kNoTrans, kNoTrans, static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), 1.0f,
-                  reinterpret_cast<const float*>(a) + oa, static_cast<int>(k), reinterpret_cast<const float*>(b) + ob,
-                  static_cast<int>(n), 0.0f, reinterpret_cast<float*>(ct), static_cast<int>(n));
+      cblas_sgemm(kRowMajor, ta, tb, m, n, k, 1.0f, reinterpret_cast<const float*>(a) + oa,
+                  static_cast<int>(L.a.ld), reinterpret_cast<const float*>(b) + ob, static_cast<int>(L.b.ld),
+                  0.0f, reinterpret_cast<float*>(ct), static_cast<int>(L.ldc));
     } else {
-      cblas_dgemm(kRowMajor, kNoTrans, kNoTrans, static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), 1.0,
-                  reinterpret_cast<const double*>(a) + oa, static_cast<int>(k), reinterpret_cast<const double*>(b) + ob,
-                  static_cast<int>(n), 0.0, reinterpret_cast<double*>(ct), static_cast<int>(n));
+      cblas_dgemm(kRowMajor, ta, tb, m, n, k, 1.0, reinterpret_cast<const double*>(a) + oa,
+                  static_cast<int>(L.a.ld), reinterpret_cast<const double*>(b) + ob, static_cast<int>(L.b.ld),
+                  0.0, reinterpret_cast<double*>(ct), static_cast<int>(L.ldc));
     }
+#else
+    (void)ct;
+    (void)oa;
+    (void)ob;
 #endif
-    for (int d = nb - 1; d >= 0; --d) {
-      if (++bi[d] < dom[d]) break;
+    for (size_t d = L.batches.size(); d-- > 0;) {
+      if (++bi[d] < L.batches[d].size) break;
       bi[d] = 0;
     }
   }

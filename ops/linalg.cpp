@@ -57,7 +57,9 @@ void push_batch_map(std::vector<IndexExpr>& map, const Shape& own, const Shape& 
 
 bool is_half(DType d) { return d == DType::Float16 || d == DType::BFloat16; }
 
-Tensor matmul_impl(const Tensor& a, const Tensor& b, const char* op) {
+// `b_transposed`: b is stored [..., n, k] (a linear layer's weight) and read transposed, so
+// neither the product nor its gradients materialize a transpose.
+Tensor matmul_impl(const Tensor& a, const Tensor& b, const char* op, bool b_transposed = false) {
   check_operands(a, b, op, false);
   const Shape& sa = a.shape();
   const Shape& sb = b.shape();
@@ -68,7 +70,8 @@ Tensor matmul_impl(const Tensor& a, const Tensor& b, const char* op) {
   }
   bool a_vec = sa.size() == 1, b_vec = sb.size() == 1;
   int64_t k = sa.back();
-  int64_t kb = b_vec ? sb[0] : sb[sb.size() - 2];
+  b_transposed = b_transposed && !b_vec;
+  int64_t kb = b_vec ? sb[0] : sb[sb.size() - (b_transposed ? 1 : 2)];
   if (k != kb) {
     std::string lhs = a_vec ? "Size of first input" : "Last dimension of first input";
     std::string rhs = b_vec ? "size of second input" : "second to last dimension of second input";
@@ -77,7 +80,7 @@ Tensor matmul_impl(const Tensor& a, const Tensor& b, const char* op) {
                      std::to_string(k) + " vs " + std::to_string(kb) + ").");
   }
   int64_t m = a_vec ? 1 : sa[sa.size() - 2];
-  int64_t n = b_vec ? 1 : sb.back();
+  int64_t n = b_vec ? 1 : sb[sb.size() - (b_transposed ? 2 : 1)];
   Shape batch_a(sa.begin(), sa.end() - (a_vec ? 1 : 2));
   Shape batch_b(sb.begin(), sb.end() - (b_vec ? 1 : 2));
   Shape batch = broadcast_batch(batch_a, batch_b, a, b, op);
@@ -100,8 +103,13 @@ Tensor matmul_impl(const Tensor& a, const Tensor& b, const char* op) {
   map_a.push_back(ik);
   std::vector<IndexExpr> map_b;
   push_batch_map(map_b, batch_b, batch);
-  map_b.push_back(ik);
-  if (!b_vec) map_b.push_back(in);
+  if (b_transposed) {
+    map_b.push_back(in);
+    map_b.push_back(ik);
+  } else {
+    map_b.push_back(ik);
+    if (!b_vec) map_b.push_back(in);
+  }
 
   Tensor ea = reindex(cast(a, compute), domain, std::move(map_a), 0, {}, false, op);
   Tensor eb = reindex(cast(b, compute), domain, std::move(map_b), 0, {}, false, op);
@@ -141,12 +149,7 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
                      shape_str(weight.shape()) + " (" + std::to_string(x.shape().back()) + " vs " +
                      std::to_string(weight.shape().back()) + ")");
   }
-  Tensor wt = weight;
-  if (weight.ndim() == 2) {
-    const Shape& ws = weight.shape();
-    wt = reindex(weight, {ws[1], ws[0]}, {IndexExpr::var(1), IndexExpr::var(0)}, 0, {}, false, op);
-  }
-  Tensor y = matmul_impl(x, wt, op);
+  Tensor y = matmul_impl(x, weight, op, true);
   if (!bias.defined()) return y;
   // The bias may broadcast into the output but never enlarge it (torch requires [out]).
   Shape s = broadcast_shapes(op, y.shape(), bias.shape());

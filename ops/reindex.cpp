@@ -2,6 +2,7 @@
 
 #include "autograd.h"
 #include "elementwise.h"
+#include "shape_ops.h"
 
 namespace kiln {
 namespace {
@@ -130,6 +131,27 @@ Tensor broadcast_to(const Tensor& x, const Shape& shape, const char* origin) {
   return reindex(x, shape, std::move(map), 0, {}, false, origin ? origin : "broadcast_to");
 }
 
+namespace {
+
+// When `n` reads x[i_p0, i_p1, ...] (a permutation of the output coordinates), the read that
+// undoes it; otherwise undefined.
+Tensor inverse_permutation(const Node& n, const Tensor& x, const Tensor& g) {
+  const auto& map = n.index_map;
+  if (map.size() != n.shape.size()) return Tensor();
+  std::vector<IndexExpr> inverse(n.shape.size());
+  std::vector<bool> used(n.shape.size(), false);
+  for (size_t j = 0; j < map.size(); ++j) {
+    if (map[j].kind() != IndexExpr::Kind::Var) return Tensor();
+    auto d = static_cast<size_t>(map[j].value());
+    if (d >= used.size() || used[d] || n.shape[d] != x.shape()[j]) return Tensor();
+    used[d] = true;
+    inverse[d] = IndexExpr::var(static_cast<int>(j));
+  }
+  return reindex(g, x.shape(), std::move(inverse), 0, {}, false, "permute backward");
+}
+
+}  // namespace
+
 namespace detail {
 
 // Gradient rules of the two index-map meta-ops. A reindex reads x[map(i)], so x's gradient
@@ -141,6 +163,18 @@ std::vector<Tensor> reindex_vjp(const Node& n, const std::vector<Tensor>& inputs
   std::vector<Tensor> indices(inputs.begin() + 1, inputs.end());
   std::vector<Tensor> grads(inputs.size());
   if (n.op == OpCode::Reindex) {
+    // Bijections (permutes, reshapes) move each element once: their gradient is the inverse
+    // move, a plain read, rather than a scatter-add through the map.
+    if (indices.empty() && x.numel() == out.numel()) {
+      if (Tensor back = inverse_permutation(n, x, g); back.defined()) {
+        grads[0] = back;
+        return grads;
+      }
+      if (n.index_map == reshape(x, n.shape).node()->index_map) {
+        grads[0] = reshape(g, x.shape());
+        return grads;
+      }
+    }
     grads[0] = reindex_reduce(g, ReduceOp::Sum, x.shape(), n.index_map, indices, false,
                               "reindex backward");
     return grads;

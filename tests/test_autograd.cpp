@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "frontend/kiln.h"
+#include "jit/library_gemm.h"
 
 using namespace kiln;
 
@@ -427,5 +428,44 @@ TEST_CASE("autograd misuse raises typed errors", "[autograd][errors]") {
   }
   SECTION("set_grad with a mismatching gradient") {
     REQUIRE_THROWS_AS(w.set_grad(zeros({2})), ShapeError);
+  }
+}
+
+TEST_CASE("matrix product gradients run as library GEMMs and match the reference", "[autograd][matmul]") {
+  if (!jit::have_blas()) {
+    WARN("skipped: kiln was built without a BLAS");
+    return;
+  }
+  manual_seed(11);
+  struct Case {
+    Shape a, b;
+    bool linear;
+    size_t library_calls;  // a gradient summed over a broadcast batch is a generated kernel
+  };
+  const Case cases[] = {
+      {{6, 5}, {5, 7}, false, 3},          {{2, 6, 5}, {2, 5, 7}, false, 3},
+      {{3, 1, 6, 5}, {2, 5, 7}, false, 1}, {{6, 5}, {7, 5}, true, 3},
+      {{2, 3, 5}, {4, 5}, true, 3},
+  };
+  for (const Case& c : cases) {
+    INFO("a " << shape_str(c.a) << " b " << shape_str(c.b) << (c.linear ? " linear" : " matmul"));
+    Tensor a = randn(c.a).eval().requires_grad_();
+    Tensor b = randn(c.b).eval().requires_grad_();
+    auto run = [&] {
+      Tensor y = c.linear ? linear(a, b) : matmul(a, b);
+      Tensor w = cos(y.detach());  // fixed non-uniform weights
+      std::vector<Tensor> g = grad(sum(y * w), {a, b});
+      eval({g[0], g[1]});
+      return std::make_pair(g[0].to_vector<double>(), g[1].to_vector<double>());
+    };
+    auto jit_result = run();
+    REQUIRE(jit::last_eval_stats().library_calls == c.library_calls);
+    std::pair<std::vector<double>, std::vector<double>> ref;
+    {
+      ExecutorScope scope("reference");
+      ref = run();
+    }
+    for (size_t i = 0; i < ref.first.size(); ++i) REQUIRE(jit_result.first[i] == Approx(ref.first[i]).margin(1e-4));
+    for (size_t i = 0; i < ref.second.size(); ++i) REQUIRE(jit_result.second[i] == Approx(ref.second[i]).margin(1e-4));
   }
 }
