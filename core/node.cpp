@@ -79,7 +79,10 @@ std::unordered_set<Node*> g_held_pending;
 // strong references so the nodes outlive their evaluation whatever other threads drop.
 std::vector<NodePtr> overlapping_held(const std::unordered_set<Node*>& scheduled) {
   std::vector<NodePtr> extra;
-  std::unordered_set<Node*> visited;
+  // Nodes whose whole pending subgraph was walked without meeting the schedule: later
+  // candidates skip them. A walk that finds an overlap stops early, so what it saw is not
+  // known to be clear and is not recorded.
+  std::unordered_set<Node*> clear;
   std::lock_guard lock(g_held_mutex);
   for (auto it = g_held_pending.begin(); it != g_held_pending.end();) {
     Node* c = *it;
@@ -88,25 +91,28 @@ std::vector<NodePtr> overlapping_held(const std::unordered_set<Node*>& scheduled
       continue;
     }
     ++it;
-    if (scheduled.count(c)) continue;
-    // `visited` is shared across candidates, so a node already walked from an earlier
-    // candidate that did not overlap is not walked again.
+    if (scheduled.count(c) || clear.count(c)) continue;
     std::vector<Node*> stack{c};
+    std::unordered_set<Node*> seen{c};
     bool overlaps = false;
     while (!stack.empty() && !overlaps) {
       Node* n = stack.back();
       stack.pop_back();
       for (const NodePtr& in : n->inputs) {
         Node* m = in.get();
-        if (m->is_evaluated()) continue;
+        if (m->is_evaluated() || clear.count(m)) continue;
         if (scheduled.count(m)) {
           overlaps = true;
           break;
         }
-        if (visited.insert(m).second) stack.push_back(m);
+        if (seen.insert(m).second) stack.push_back(m);
       }
     }
-    if (overlaps) extra.push_back(c->shared_from_this());
+    if (overlaps) {
+      extra.push_back(c->shared_from_this());
+    } else {
+      clear.insert(seen.begin(), seen.end());
+    }
   }
   return extra;
 }
