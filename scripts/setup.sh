@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Installs the Debian packages kiln needs to build and test. Idempotent: when everything is
-# already installed it prints nothing and exits 0, so `make` can call it on every run.
+# Installs the Debian packages kiln needs to build and test, and fetches the digits data set
+# into data/. Idempotent: when everything is already there it prints nothing and exits 0, so
+# `make` can call it on every run.
 # Works unattended (CI=true, no stdin): apt never prompts.
 set -euo pipefail
 
@@ -23,7 +24,19 @@ for pkg in "${packages[@]}"; do
   fi
 done
 
+# The digits data set for examples/digits_mlp (scripts/fetch_digits.sh; silent when present).
+# A failed fetch only warns: the build and tests do not need it, and the example says where
+# the file is missing.
+fetch_data() {
+  local here
+  here=$(dirname "${BASH_SOURCE[0]}")
+  if ! "$here/fetch_digits.sh"; then
+    echo "setup.sh: warning: data/digits.csv.gz is missing; examples/digits_mlp needs it" >&2
+  fi
+}
+
 if [[ ${#missing[@]} -eq 0 ]]; then
+  fetch_data
   exit 0
 fi
 
@@ -52,3 +65,4 @@ if ! "${sudo_cmd[@]}" env DEBIAN_FRONTEND=noninteractive \
 fi
 
 echo "setup.sh: installed ${missing[*]}"
+fetch_data

@@ -1,0 +1,439 @@
+// Optimizer updates as lazy graph. Everything here runs under NoGradGuard so that updates
+// record no gradient history; every state change goes through assign() so that the graph
+// of step k is never an input of step k+1 once evaluated.
+#include "optim.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <set>
+#include <unordered_set>
+
+#include "../ops/ops.h"
+
+namespace kiln::optim {
+namespace {
+
+std::string num(double v) { return Scalar(v).str(); }
+
+// A rank-0 constant holding a value that changes from step to step (lr, bias corrections).
+// A C++ number would become a literal in the generated source and compile a new kernel
+// every step; a constant is a kernel argument. float64 parameters get a float64 value,
+// the others float32 (the operand is converted to the parameter's dtype in the kernel).
+Tensor step_scalar(double value, DType param_dtype) {
+  if (param_dtype == DType::Float64) return kiln::tensor(value);
+  return kiln::tensor(static_cast<float>(value));
+}
+
+// An evaluated all-zero constant shaped like `like`: the first update then has the same
+// graph structure as the later ones and reuses their kernels.
+Tensor zero_state(const Tensor& like) {
+  std::vector<unsigned char> bytes(std::max<size_t>(1, like.node()->nbytes()), 0);
+  return from_data(bytes.data(), like.shape(), like.dtype());
+}
+
+// A new handle to the same value: assign() on it leaves the source handle alone.
+Tensor own_handle(const Tensor& t) { return Tensor(t.node()); }
+
+void require(bool ok, const std::string& tag, const std::string& what) {
+  if (!ok) throw ValueError(tag + what);
+}
+
+// Parses a non-negative decimal index; nullopt for anything else.
+std::optional<size_t> parse_index(const std::string& s) {
+  if (s.empty() || s.size() > 18) return std::nullopt;
+  size_t v = 0;
+  for (char c : s) {
+    if (c < '0' || c > '9') return std::nullopt;
+    v = v * 10 + static_cast<size_t>(c - '0');
+  }
+  return v;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------
+// Optimizer
+
+void Optimizer::zero_grad() {
+  for (const auto& group : groups_) {
+    for (Tensor p : group) p.set_grad(Tensor());
+  }
+}
+
+const std::vector<Tensor>& Optimizer::params(size_t group) const {
+  if (group >= groups_.size()) {
+    throw IndexError(tag() + "parameter group " + std::to_string(group) + " does not exist (" +
+                     std::to_string(groups_.size()) + " groups)");
+  }
+  return groups_[group];
+}
+
+std::vector<Tensor> Optimizer::parameters() const {
+  std::vector<Tensor> all;
+  for (const auto& group : groups_) all.insert(all.end(), group.begin(), group.end());
+  return all;
+}
+
+std::optional<double> Optimizer::initial_lr(size_t group) const {
+  params(group);
+  return initial_lrs_[group];
+}
+
+void Optimizer::set_initial_lr(size_t group, double lr) {
+  params(group);
+  initial_lrs_[group] = lr;
+}
+
+int64_t Optimizer::step_count(size_t index) const {
+  if (index >= state_.size()) {
+    throw IndexError(tag() + "parameter index " + std::to_string(index) + " out of range (" +
+                     std::to_string(state_.size()) + " parameters)");
+  }
+  return state_[index].step;
+}
+
+void Optimizer::append_group(std::vector<Tensor> params) {
+  std::unordered_set<const Node*> seen;
+  for (const auto& group : groups_) {
+    for (const Tensor& p : group) seen.insert(p.node().get());
+  }
+  for (size_t i = 0; i < params.size(); ++i) {
+    const Tensor& p = params[i];
+    std::string which =
+        "parameter " + std::to_string(i) + " of group " + std::to_string(groups_.size());
+    if (!p.defined()) throw ValueError(tag() + which + " is undefined");
+    if (!is_floating(p.dtype())) {
+      throw DTypeError(tag() + which + " is " + std::string(dtype_name(p.dtype())) +
+                       shape_str(p.shape()) + "; only floating tensors can be optimized");
+    }
+    if (!p.is_leaf()) {
+      throw ValueError(tag() + which + " (" + std::string(dtype_name(p.dtype())) +
+                       shape_str(p.shape()) +
+                       ") is computed from other tensors; only leaves can be optimized");
+    }
+    if (!seen.insert(p.node().get()).second) {
+      throw ValueError(tag() + which + " appears more than once among the parameters");
+    }
+  }
+  first_index_.push_back(state_.size());
+  state_.resize(state_.size() + params.size());
+  groups_.push_back(std::move(params));
+  initial_lrs_.emplace_back();
+}
+
+StateDict Optimizer::state_dict() const {
+  StateDict out;
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    out["param_groups." + std::to_string(g) + ".lr"] = kiln::tensor(lr(g));
+  }
+  for (size_t i = 0; i < state_.size(); ++i) {
+    const ParamState& s = state_[i];
+    if (s.step == 0) continue;
+    std::string prefix = "state." + std::to_string(i) + ".";
+    out[prefix + "step"] = kiln::tensor(s.step);
+    for (const auto& [name, t] : s.tensors) out[prefix + name] = own_handle(t);
+  }
+  return out;
+}
+
+void Optimizer::load_state_dict(const StateDict& dict) {
+  const std::string where = tag() + "load_state_dict: ";
+  std::vector<Tensor> flat = parameters();
+  std::vector<size_t> group_of(flat.size());
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    for (size_t k = 0; k < groups_[g].size(); ++k) group_of[first_index_[g] + k] = g;
+  }
+  // Check everything before changing anything, so a bad dict leaves the optimizer as it was.
+  std::vector<std::optional<double>> lrs(groups_.size());
+  std::vector<ParamState> next(state_.size());
+  std::vector<std::set<std::string>> present(state_.size());
+  for (const auto& [key, value] : dict) {
+    if (!value.defined()) throw ValueError(where + "entry '" + key + "' is undefined");
+    size_t dot1 = key.find('.');
+    size_t dot2 = dot1 == std::string::npos ? std::string::npos : key.find('.', dot1 + 1);
+    if (dot2 == std::string::npos) throw ValueError(where + "unexpected entry '" + key + "'");
+    std::string kind = key.substr(0, dot1);
+    std::optional<size_t> index = parse_index(key.substr(dot1 + 1, dot2 - dot1 - 1));
+    std::string field = key.substr(dot2 + 1);
+    if (kind == "param_groups" && field == "lr") {
+      if (!index || *index >= groups_.size()) {
+        throw ValueError(where + "entry '" + key +
+                         "' names a group this optimizer does not have (" +
+                         std::to_string(groups_.size()) + " groups)");
+      }
+      if (value.numel() != 1) {
+        throw ShapeError(where + "entry '" + key + "' must hold one number, got shape " +
+                         shape_str(value.shape()));
+      }
+      lrs[*index] = value.item<double>();
+      continue;
+    }
+    if (kind != "state") throw ValueError(where + "unexpected entry '" + key + "'");
+    if (!index || *index >= flat.size()) {
+      throw ValueError(where + "entry '" + key +
+                       "' names a parameter this optimizer does not have (" +
+                       std::to_string(flat.size()) + " parameters)");
+    }
+    const Tensor& p = flat[*index];
+    if (field == "step") {
+      if (value.numel() != 1 || is_floating(value.dtype()) || value.item<int64_t>() < 1) {
+        throw ValueError(where + "entry '" + key + "' must be one positive integer, got " +
+                         std::string(dtype_name(value.dtype())) + shape_str(value.shape()));
+      }
+      next[*index].step = value.item<int64_t>();
+    } else {
+      std::vector<std::string> names = state_names(group_of[*index]);
+      if (std::find(names.begin(), names.end(), field) == names.end()) {
+        throw ValueError(where + "entry '" + key + "' is not state of this optimizer's group " +
+                         std::to_string(group_of[*index]));
+      }
+      if (value.shape() != p.shape() || value.dtype() != p.dtype()) {
+        throw ShapeError(where + "entry '" + key + "' is " +
+                         std::string(dtype_name(value.dtype())) + shape_str(value.shape()) +
+                         " but parameter " + std::to_string(*index) + " is " +
+                         std::string(dtype_name(p.dtype())) + shape_str(p.shape()));
+      }
+      next[*index].tensors[field] = own_handle(value);
+    }
+    present[*index].insert(field);
+  }
+  for (size_t i = 0; i < next.size(); ++i) {
+    if (present[i].empty()) continue;
+    std::vector<std::string> names = state_names(group_of[i]);
+    names.push_back("step");
+    for (const std::string& name : names) {
+      if (!present[i].count(name)) {
+        throw ValueError(where + "parameter " + std::to_string(i) + " has state but no 'state." +
+                         std::to_string(i) + "." + name + "' entry");
+      }
+    }
+  }
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    if (lrs[g]) set_lr(g, *lrs[g]);
+  }
+  state_ = std::move(next);
+}
+
+// ---------------------------------------------------------------------------------------
+// SGD
+
+SGD::SGD(std::vector<Tensor> params, const SGDOptions& options)
+    : OptimizerWithOptions<SGDOptions>("SGD") {
+  add_param_group(std::move(params), options);
+}
+
+void SGD::validate(const SGDOptions& o) const {
+  require(o.lr >= 0, tag(), "expected lr >= 0, got " + num(o.lr));
+  require(o.momentum >= 0, tag(), "expected momentum >= 0, got " + num(o.momentum));
+  require(o.weight_decay >= 0, tag(), "expected weight_decay >= 0, got " + num(o.weight_decay));
+  require(!o.nesterov || (o.momentum > 0 && o.dampening == 0), tag(),
+          "Nesterov momentum needs momentum > 0 and dampening == 0, got momentum " +
+              num(o.momentum) + " and dampening " + num(o.dampening));
+}
+
+std::vector<std::string> SGD::state_names(size_t group) const {
+  if (options(group).momentum == 0) return {};
+  return {"momentum_buffer"};
+}
+
+void SGD::step() {
+  NoGradGuard no_grad;
+  for (size_t g = 0; g < num_param_groups(); ++g) {
+    const SGDOptions& o = options(g);
+    validate(o);
+    const std::vector<Tensor>& ps = params(g);
+    for (size_t k = 0; k < ps.size(); ++k) {
+      Tensor p = ps[k];
+      Tensor d = p.grad();
+      if (!d.defined()) continue;
+      ParamState& s = state(first_index(g) + k);
+      ++s.step;
+      if (o.weight_decay != 0) d = d + p * o.weight_decay;
+      if (o.momentum != 0) {
+        auto [it, fresh] = s.tensors.try_emplace("momentum_buffer");
+        Tensor& buf = it->second;
+        if (fresh || !buf.defined()) {
+          buf = own_handle(d);
+        } else {
+          buf.assign(o.dampening == 0 ? buf * o.momentum + d
+                                      : buf * o.momentum + d * (1 - o.dampening));
+        }
+        d = o.nesterov ? d + buf * o.momentum : buf;
+      }
+      p.assign(p - step_scalar(o.lr, p.dtype()) * d);
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// Adam and AdamW
+
+namespace {
+
+template <typename Options>
+void validate_adam(const Options& o, const std::string& tag) {
+  require(o.lr >= 0, tag, "expected lr >= 0, got " + num(o.lr));
+  require(o.eps >= 0, tag, "expected eps >= 0, got " + num(o.eps));
+  require(o.betas.first >= 0 && o.betas.first < 1, tag,
+          "expected betas.first in [0, 1), got " + num(o.betas.first));
+  require(o.betas.second >= 0 && o.betas.second < 1, tag,
+          "expected betas.second in [0, 1), got " + num(o.betas.second));
+  require(o.weight_decay >= 0, tag, "expected weight_decay >= 0, got " + num(o.weight_decay));
+}
+
+std::vector<std::string> adam_state_names(bool amsgrad) {
+  if (amsgrad) return {"exp_avg", "exp_avg_sq", "max_exp_avg_sq"};
+  return {"exp_avg", "exp_avg_sq"};
+}
+
+// One Adam update of `p` (torch.optim.adam's single-tensor path). With `decoupled`, the
+// weight decay scales the parameter (AdamW); otherwise it is added to the gradient.
+template <typename Options>
+void adam_update(Tensor p, Tensor g, std::map<std::string, Tensor>& state, int64_t step,
+                 const Options& o, bool decoupled) {
+  const auto [beta1, beta2] = o.betas;
+  const DType dt = p.dtype();
+  Tensor param = p;
+  if (o.weight_decay != 0) {
+    if (decoupled)
+      param = param * step_scalar(1 - o.lr * o.weight_decay, dt);
+    else
+      g = g + param * o.weight_decay;
+  }
+  for (const std::string& name : adam_state_names(o.amsgrad)) {
+    Tensor& t = state[name];
+    if (!t.defined()) t = zero_state(p);
+  }
+  Tensor& exp_avg = state["exp_avg"];
+  Tensor& exp_avg_sq = state["exp_avg_sq"];
+  exp_avg.assign(exp_avg + (g - exp_avg) * (1 - beta1));  // lerp with weight 1 - beta1 < 0.5
+  exp_avg_sq.assign(exp_avg_sq * beta2 + g * g * (1 - beta2));
+  const double s = static_cast<double>(step);
+  const double bias_correction1 = 1 - std::pow(beta1, s);
+  const double bias_correction2 = 1 - std::pow(beta2, s);
+  const double step_size = o.lr / bias_correction1;
+  const double bias_correction2_sqrt = std::sqrt(bias_correction2);
+  Tensor second = exp_avg_sq;
+  if (o.amsgrad) {
+    Tensor& max_sq = state["max_exp_avg_sq"];
+    max_sq.assign(maximum(max_sq, exp_avg_sq));
+    second = max_sq;
+  }
+  Tensor denom = sqrt(second) / step_scalar(bias_correction2_sqrt, dt) + o.eps;
+  p.assign(param - step_scalar(step_size, dt) * (exp_avg / denom));
+}
+
+}  // namespace
+
+Adam::Adam(std::vector<Tensor> params, const AdamOptions& options)
+    : OptimizerWithOptions<AdamOptions>("Adam") {
+  add_param_group(std::move(params), options);
+}
+
+void Adam::validate(const AdamOptions& o) const { validate_adam(o, tag()); }
+
+std::vector<std::string> Adam::state_names(size_t group) const {
+  return adam_state_names(options(group).amsgrad);
+}
+
+void Adam::step() {
+  NoGradGuard no_grad;
+  for (size_t g = 0; g < num_param_groups(); ++g) {
+    validate(options(g));
+    const std::vector<Tensor>& ps = params(g);
+    for (size_t k = 0; k < ps.size(); ++k) {
+      Tensor grad = ps[k].grad();
+      if (!grad.defined()) continue;
+      ParamState& s = state(first_index(g) + k);
+      adam_update(ps[k], grad, s.tensors, ++s.step, options(g), false);
+    }
+  }
+}
+
+AdamW::AdamW(std::vector<Tensor> params, const AdamWOptions& options)
+    : OptimizerWithOptions<AdamWOptions>("AdamW") {
+  add_param_group(std::move(params), options);
+}
+
+void AdamW::validate(const AdamWOptions& o) const { validate_adam(o, tag()); }
+
+std::vector<std::string> AdamW::state_names(size_t group) const {
+  return adam_state_names(options(group).amsgrad);
+}
+
+void AdamW::step() {
+  NoGradGuard no_grad;
+  for (size_t g = 0; g < num_param_groups(); ++g) {
+    validate(options(g));
+    const std::vector<Tensor>& ps = params(g);
+    for (size_t k = 0; k < ps.size(); ++k) {
+      Tensor grad = ps[k].grad();
+      if (!grad.defined()) continue;
+      ParamState& s = state(first_index(g) + k);
+      adam_update(ps[k], grad, s.tensors, ++s.step, options(g), true);
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// Gradient clipping
+
+namespace {
+
+// Gradient norms accumulate in float32 at least (float16 squares overflow early).
+Tensor widened(const Tensor& g) {
+  return g.dtype() == DType::Float64 ? g : cast(g, DType::Float32);
+}
+
+// The norm_type-norm of all elements of x (rank-0); x is non-empty.
+Tensor vector_norm(const Tensor& x, double norm_type) {
+  Tensor a = abs(x);
+  if (std::isinf(norm_type)) return max(a);
+  if (norm_type == 0) return sum(cast(ne(x, 0), x.dtype()));
+  if (norm_type == 1) return sum(a);
+  if (norm_type == 2) return sqrt(sum(a * a));
+  return pow(sum(pow(a, norm_type)), 1.0 / norm_type);
+}
+
+}  // namespace
+
+Tensor clip_grad_norm(const std::vector<Tensor>& params, double max_norm, double norm_type) {
+  if (!(norm_type >= 0) || (std::isinf(norm_type) && norm_type < 0)) {
+    throw ValueError("[clip_grad_norm] expected norm_type >= 0 or inf, got " + num(norm_type));
+  }
+  if (!(max_norm >= 0)) {
+    throw ValueError("[clip_grad_norm] expected max_norm >= 0, got " + num(max_norm));
+  }
+  NoGradGuard no_grad;
+  std::vector<Tensor> with_grad, norms;
+  for (const Tensor& p : params) {
+    if (!p.defined()) throw ValueError("[clip_grad_norm] a parameter is undefined");
+    Tensor g = p.grad();
+    if (!g.defined()) continue;
+    with_grad.push_back(p);
+    if (g.numel() > 0) norms.push_back(vector_norm(widened(g), norm_type));
+  }
+  if (norms.empty()) return kiln::tensor(0.0f);
+  Tensor total = norms.size() == 1 ? norms[0] : vector_norm(stack(norms), norm_type);
+  Tensor coef = minimum(max_norm / (total + 1e-6), 1.0);
+  for (Tensor p : with_grad) {
+    Tensor g = p.grad();
+    p.set_grad(g * cast(coef, g.dtype()));
+  }
+  return total;
+}
+
+void clip_grad_value(const std::vector<Tensor>& params, double clip_value) {
+  if (!(clip_value >= 0)) {
+    throw ValueError("[clip_grad_value] expected clip_value >= 0, got " + num(clip_value));
+  }
+  NoGradGuard no_grad;
+  for (Tensor p : params) {
+    if (!p.defined()) throw ValueError("[clip_grad_value] a parameter is undefined");
+    Tensor g = p.grad();
+    if (g.defined()) p.set_grad(clamp(g, -clip_value, clip_value));
+  }
+}
+
+}  // namespace kiln::optim
