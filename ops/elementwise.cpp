@@ -139,7 +139,8 @@ Tensor conform(const Tensor& x, DType dtype, const Shape& shape, const char* ori
   const Node& n = *x.node();
   // Only a weak scalar carries its raw value; any other fill has already been converted to
   // its own dtype (full(2.7, int32) is 2), so it goes through cast like other tensors.
-  if (n.op == OpCode::Full && !n.is_evaluated() && (n.weak_scalar || n.dtype == dtype)) {
+  // A fill that gradients flow to (ones(...).requires_grad_()) must stay the same node.
+  if (n.op == OpCode::Full && !n.is_evaluated() && !n.requires_grad && (n.weak_scalar || n.dtype == dtype)) {
     return full(shape, n.scalar, dtype, n.device);
   }
   Tensor t = x.dtype() == dtype ? x : cast(x, dtype);

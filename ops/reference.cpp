@@ -263,6 +263,9 @@ void reference_execute(const std::vector<Node*>& schedule, const std::vector<Nod
     for (const NodePtr& in : schedule[p]->inputs) last_use[in.get()] = p;
   }
   std::unordered_set<Node*> keep(requested.begin(), requested.end());
+  // Only values computed here are freed: an input evaluated earlier has lost its edges and
+  // could not be recomputed.
+  std::unordered_set<Node*> computed(schedule.begin(), schedule.end());
   for (size_t p = 0; p < schedule.size(); ++p) {
     Node& n = *schedule[p];
     run_node(n);
@@ -270,7 +273,7 @@ void reference_execute(const std::vector<Node*>& schedule, const std::vector<Nod
       Node* m = in.get();
       auto it = last_use.find(m);
       // Values a user still holds stay (weak sync); other intermediates go back to the pool.
-      if (it != last_use.end() && it->second == p && !keep.count(m) &&
+      if (it != last_use.end() && it->second == p && !keep.count(m) && computed.count(m) &&
           m->handles.load(std::memory_order_relaxed) == 0 && m->op != OpCode::Constant) {
         m->buffer.reset();
       }

@@ -357,6 +357,25 @@ TEST_CASE("no_grad scopes and detach cut gradient flow", "[autograd]") {
   REQUIRE_FALSE(argmax(w, 0).requires_grad());
 }
 
+TEST_CASE("a pending fill can be a leaf", "[autograd]") {
+  Tensor a = ones({3});
+  a.requires_grad_();
+  sum(a * 2.0).backward();
+  REQUIRE(a.grad().to_vector<float>() == std::vector<float>{2, 2, 2});
+}
+
+TEST_CASE("the reference evaluator keeps values evaluated by earlier calls", "[autograd]") {
+  ExecutorScope reference("reference");
+  Tensor u, v;
+  {
+    Tensor x = (randn({3}) * 2.0).eval();
+    u = x + 1.0;
+    v = x + 2.0;
+  }
+  std::vector<float> a = u.to_vector<float>(), b = v.to_vector<float>();
+  for (size_t i = 0; i < 3; ++i) REQUIRE(b[i] - a[i] == Approx(1.0f));
+}
+
 TEST_CASE("evaluating the loss first keeps the graph for backward", "[autograd]") {
   Tensor w = from_vector<float>({0.5f, -1.5f}).requires_grad_();
   Tensor loss = sum(exp(w));
