@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <optional>
 #include <mutex>
 
 #include "../core/error.h"
@@ -55,30 +56,155 @@ struct GemmLayout {
   MatrixView a, b;
   int64_t ldc = 1;
   bool swap = false;  // C is stored transposed: compute C^T = B^T A^T
+  int64_t a_offset = 0, b_offset = 0;  // element offsets of coordinate 0 (slices)
   struct Batch {
     int64_t size, a, b, c;  // extent and element strides
   };
   std::vector<Batch> batches;
 };
 
-// Per domain dimension, the element stride of an operand whose map reads it (-1: absent).
-// Maps must be plain coordinates or 0 for size-1 dims; a dimension read twice (a diagonal)
-// does not fit a GEMM.
-bool operand_strides(const std::vector<IndexExpr>& map, const Shape& own, const Shape& dom,
-                     std::vector<int64_t>* strides) {
-  strides->assign(dom.size(), -1);
-  std::vector<int64_t> st = contiguous_strides(own);
-  if (map.size() != own.size()) return false;
-  for (size_t j = 0; j < map.size(); ++j) {
-    const IndexExpr& e = map[j];
-    if (e.is_const() && e.value() == 0 && own[j] == 1) continue;
-    if (e.kind() != IndexExpr::Kind::Var) return false;
-    auto d = static_cast<size_t>(e.value());
-    if (d >= dom.size() || own[j] != dom[d]) return false;
-    if (dom[d] == 1) continue;
-    if ((*strides)[d] != -1) return false;
-    (*strides)[d] = st[j];
+// Interval of values an index expression takes over the domain, or nullopt when unknown.
+struct Range {
+  int64_t lo, hi;
+};
+std::optional<Range> range_of(const IndexExpr& e, const Shape& dom) {
+  using K = IndexExpr::Kind;
+  switch (e.kind()) {
+    case K::Const: return Range{e.value(), e.value()};
+    case K::Var: return Range{0, dom[static_cast<size_t>(e.value())] - 1};
+    case K::Add:
+    case K::Mul: {
+      auto r = range_of(e.args()[0], dom);
+      for (size_t i = 1; r && i < e.args().size(); ++i) {
+        auto q = range_of(e.args()[i], dom);
+        if (!q) return std::nullopt;
+        if (e.kind() == K::Add) {
+          r = Range{r->lo + q->lo, r->hi + q->hi};
+        } else {
+          int64_t c[4] = {r->lo * q->lo, r->lo * q->hi, r->hi * q->lo, r->hi * q->hi};
+          r = Range{*std::min_element(c, c + 4), *std::max_element(c, c + 4)};
+        }
+      }
+      return r;
+    }
+    case K::FloorDiv:
+    case K::Mod: {
+      auto x = range_of(e.args()[0], dom);
+      const IndexExpr& d = e.args()[1];
+      if (!x || !d.is_const() || d.value() <= 0 || x->lo < 0) return std::nullopt;
+      if (e.kind() == K::FloorDiv) return Range{x->lo / d.value(), x->hi / d.value()};
+      if (x->hi < d.value()) return x;
+      return Range{0, d.value() - 1};
+    }
+    default: return std::nullopt;
   }
+}
+
+// An address as sum(coeff * atom) + offset, atoms being coordinates or the floor-division
+// and modulo pieces that reshapes produce. `add` expands e * scale into the terms.
+struct Linear {
+  std::vector<std::pair<int64_t, IndexExpr>> terms;
+  int64_t offset = 0;
+
+  bool add(const IndexExpr& e, int64_t scale) {
+    using K = IndexExpr::Kind;
+    switch (e.kind()) {
+      case K::Const: offset += scale * e.value(); return true;
+      case K::Var:
+      case K::FloorDiv:
+      case K::Mod: terms.push_back({scale, e}); return true;
+      case K::Add:
+        for (const IndexExpr& a : e.args())
+          if (!add(a, scale)) return false;
+        return true;
+      case K::Mul: {
+        // Only products with constants are affine.
+        int64_t c = scale;
+        const IndexExpr* rest = nullptr;
+        for (const IndexExpr& a : e.args()) {
+          if (a.is_const()) {
+            c *= a.value();
+          } else if (rest == nullptr) {
+            rest = &a;
+          } else {
+            return false;
+          }
+        }
+        return rest ? add(*rest, c) : (offset += c, true);
+      }
+      default: return false;
+    }
+  }
+};
+
+// Rewrites x // c * (c*s) + x % c * s into x * s (a reshape that splits and re-merges a
+// dimension), and drops // and % that cannot wrap, until only coordinates remain.
+bool reduce_to_vars(Linear& lin, const Shape& dom) {
+  using K = IndexExpr::Kind;
+  for (int guard = 0; guard < 64; ++guard) {
+    bool changed = false;
+    for (size_t i = 0; i < lin.terms.size() && !changed; ++i) {
+      auto [ci, ei] = lin.terms[i];
+      if (ei.kind() != K::FloorDiv && ei.kind() != K::Mod) continue;
+      const IndexExpr& x = ei.args()[0];
+      const IndexExpr& d = ei.args()[1];
+      if (!d.is_const() || d.value() <= 0) return false;
+      auto r = range_of(x, dom);
+      if (r && r->lo >= 0 && r->hi < d.value()) {  // x // c == 0 and x % c == x
+        lin.terms.erase(lin.terms.begin() + static_cast<std::ptrdiff_t>(i));
+        if (ei.kind() == K::Mod && !lin.add(x, ci)) return false;
+        changed = true;
+        continue;
+      }
+      if (ei.kind() != K::Mod) continue;
+      for (size_t j = 0; j < lin.terms.size(); ++j) {
+        auto [cj, ej] = lin.terms[j];
+        if (ej.kind() == K::FloorDiv && ej.args()[0] == x && ej.args()[1] == d && cj == ci * d.value()) {
+          lin.terms.erase(lin.terms.begin() + static_cast<std::ptrdiff_t>(std::max(i, j)));
+          lin.terms.erase(lin.terms.begin() + static_cast<std::ptrdiff_t>(std::min(i, j)));
+          if (!lin.add(x, ci)) return false;
+          changed = true;
+          break;
+        }
+      }
+    }
+    if (!changed) break;
+  }
+  for (const auto& t : lin.terms)
+    if (t.second.kind() != K::Var) return false;
+  return true;
+}
+
+// Per domain dimension, the element stride of an operand whose map reads it (-1: absent),
+// and the element offset of coordinate 0. The map may be any composition of permutes,
+// reshapes and slices that stays in bounds (a padded read would need its fill) and reads
+// each dimension through one coefficient.
+bool operand_strides(const std::vector<IndexExpr>& map, const Shape& own, const Shape& dom,
+                     std::vector<int64_t>* strides, int64_t* offset) {
+  strides->assign(dom.size(), -1);
+  if (map.size() != own.size()) return false;
+  std::vector<int64_t> st = contiguous_strides(own);
+  Linear lin;
+  for (size_t j = 0; j < map.size(); ++j) {
+    if (own[j] == 1) {
+      if (!(map[j].is_const() && map[j].value() == 0)) {
+        auto r = range_of(map[j], dom);
+        if (!r || r->lo != 0 || r->hi != 0) return false;
+      }
+      continue;
+    }
+    auto r = range_of(map[j], dom);
+    if (!r || r->lo < 0 || r->hi >= own[j]) return false;
+    if (!lin.add(map[j], st[j])) return false;
+  }
+  if (!reduce_to_vars(lin, dom)) return false;
+  for (const auto& [c, e] : lin.terms) {
+    auto d = static_cast<size_t>(e.value());
+    if (dom[d] == 1) continue;
+    if ((*strides)[d] != -1 || c <= 0) return false;
+    (*strides)[d] = c;
+  }
+  *offset = lin.offset;
   return true;
 }
 
@@ -123,9 +249,11 @@ bool gemm_layout(const Node& r, GemmLayout* out) {
   }
   const Shape& dom = p.shape;
   std::vector<int64_t> sa, sb, sc;
-  if (!operand_strides(ra.index_map, ra.inputs[0]->shape, dom, &sa)) return false;
-  if (!operand_strides(rb.index_map, rb.inputs[0]->shape, dom, &sb)) return false;
-  if (!operand_strides(r.index_map, r.shape, dom, &sc)) return false;
+  int64_t oa = 0, ob = 0, oc = 0;
+  if (!operand_strides(ra.index_map, ra.inputs[0]->shape, dom, &sa, &oa)) return false;
+  if (!operand_strides(rb.index_map, rb.inputs[0]->shape, dom, &sb, &ob)) return false;
+  // The result must cover its buffer exactly: every element written once, from offset 0.
+  if (!operand_strides(r.index_map, r.shape, dom, &sc, &oc) || oc != 0) return false;
   // Classify the dimensions: k is read by both operands and summed, m by A and C, n by B
   // and C, batch by all three.
   std::vector<int> ks, ms, ns, batch;
@@ -176,6 +304,8 @@ bool gemm_layout(const Node& r, GemmLayout* out) {
     return false;
   }
   for (int d : batch) g.batches.push_back({dom[d], std::max<int64_t>(sa[d], 0), std::max<int64_t>(sb[d], 0), sc[d]});
+  g.a_offset = oa;
+  g.b_offset = ob;
   *out = std::move(g);
   return true;
 }
@@ -216,14 +346,16 @@ void run_gemm(const GemmMatch& g) {
   if (L.k == 0) std::memset(c, 0, out.nbytes());
   const char* a = static_cast<const char*>((L.swap ? g.b : g.a)->buffer->data());
   const char* b = static_cast<const char*>((L.swap ? g.a : g.b)->buffer->data());
+  int64_t base_a = L.a_offset, base_b = L.b_offset;
   if (L.swap) {
     for (auto& bt : L.batches) std::swap(bt.a, bt.b);
+    std::swap(base_a, base_b);
   }
   int64_t total = 1;
   for (const auto& bt : L.batches) total *= bt.size;
   std::vector<int64_t> bi(L.batches.size(), 0);
   for (int64_t t = 0; t < total && L.m > 0 && L.n > 0 && L.k > 0; ++t) {
-    int64_t oa = 0, ob = 0, oc = 0;
+    int64_t oa = base_a, ob = base_b, oc = 0;
     for (size_t d = 0; d < L.batches.size(); ++d) {
       oa += bi[d] * L.batches[d].a;
       ob += bi[d] * L.batches[d].b;

@@ -488,3 +488,34 @@ TEST_CASE("matrix product gradients run as library GEMMs and match the reference
     for (size_t i = 0; i < ref.second.size(); ++i) REQUIRE(jit_result.second[i] == Approx(ref.second[i]).margin(1e-4));
   }
 }
+
+TEST_CASE("products of reshaped, sliced and permuted operands still run on the library", "[autograd][matmul]") {
+  if (!jit::have_blas()) {
+    WARN("skipped: kiln was built without a BLAS");
+    return;
+  }
+  manual_seed(12);
+  Tensor x = randn({3, 4, 6}).eval().requires_grad_();
+  Tensor w = randn({10, 6}).eval().requires_grad_();
+  auto run = [&] {
+    Tensor rows = reshape(x, {12, 6});                          // merged batch dims
+    Tensor a = matmul(rows, transpose(slice(w, 0, 2, 9), 0, 1));  // [12, 7], sliced weight
+    Tensor b = reshape(a, {3, 4, 7});
+    Tensor c = matmul(permute(b, {1, 0, 2}), slice(w, 0, 3, 10));  // [4, 3, 7] @ [7, 6]
+    Tensor loss = sum(c * cos(c.detach()));
+    std::vector<Tensor> grads = grad(loss, {x, w});
+    eval({grads[0], grads[1], loss});
+    return std::make_tuple(loss.item<double>(), grads[0].to_vector<double>(), grads[1].to_vector<double>());
+  };
+  auto jit_result = run();
+  size_t library_calls = jit::last_eval_stats().library_calls;
+  decltype(jit_result) ref;
+  {
+    ExecutorScope scope("reference");
+    ref = run();
+  }
+  CHECK(library_calls >= 3);  // a sum over permuted batch dims stays a generated kernel
+  REQUIRE(std::get<0>(jit_result) == Approx(std::get<0>(ref)).epsilon(1e-4));
+  for (size_t i = 0; i < std::get<1>(ref).size(); ++i) REQUIRE(std::get<1>(jit_result)[i] == Approx(std::get<1>(ref)[i]).margin(1e-3));
+  for (size_t i = 0; i < std::get<2>(ref).size(); ++i) REQUIRE(std::get<2>(jit_result)[i] == Approx(std::get<2>(ref)[i]).margin(1e-3));
+}

@@ -1,0 +1,213 @@
+// Training-step benchmarks against PyTorch eager on the CPU (docs/benchmarks.md): the same
+// models, shapes, optimizers and thread count in bench_train_torch.py. A step is forward,
+// backward, optimizer update and reading the loss back; kiln evaluates it as one graph.
+//
+// Rows: train_mlp_..., train_lstm_..., train_transformer_... with kiln_ms (median step),
+// baseline pytorch-eager, and extra fields kiln_peak_bytes (the memory pool's peak of
+// allocated bytes over the timed steps) and torch_peak_bytes (the PyTorch process's peak
+// RSS growth; its CPU allocator keeps no statistics). Target: kiln/baseline <= 0.7.
+#include <algorithm>
+#include <cstdio>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+
+#include "bench_common.h"
+#include "frontend/kiln.h"
+#include "frontend/nn/nn.h"
+#include "frontend/optim.h"
+#include "memory/host_pool.h"
+
+using namespace kiln;
+using namespace kiln::bench;
+
+namespace {
+
+struct Workload {
+  std::string name;
+  int warmup;
+  std::function<std::function<double()>()> make;  // builds model + optimizer, returns a step
+};
+
+class CharLSTM : public nn::Module {
+ public:
+  CharLSTM() : nn::Module("CharLSTM") {
+    embed = register_module("embed", std::make_shared<nn::Embedding>(128, 128));
+    lstm = register_module("lstm", std::make_shared<nn::LSTM>(128, 256, 1, true, true));
+    head = register_module("head", std::make_shared<nn::Linear>(256, 128));
+  }
+  Tensor forward(const Tensor& tokens) { return head->forward(lstm->forward(embed->forward(tokens)).output); }
+  std::shared_ptr<nn::Embedding> embed;
+  std::shared_ptr<nn::LSTM> lstm;
+  std::shared_ptr<nn::Linear> head;
+};
+
+class TinyGPT : public nn::Module {
+ public:
+  TinyGPT() : nn::Module("TinyGPT") {
+    embed = register_module("embed", std::make_shared<nn::Embedding>(128, 256));
+    pos = register_module("pos", std::make_shared<nn::Embedding>(128, 256));
+    auto list = register_module("blocks", std::make_shared<nn::Sequential>());
+    for (int i = 0; i < 2; ++i) {
+      blocks.push_back(
+          std::make_shared<nn::TransformerEncoderLayer>(256, 4, 1024, 0.1, nn::Activation::ReLU, 1e-5, true, true));
+      list->push_back(blocks.back());
+    }
+    head = register_module("head", std::make_shared<nn::Linear>(256, 128));
+  }
+  Tensor forward(const Tensor& tokens) {
+    Tensor h = embed->forward(tokens) + pos->forward(arange(tokens.size(1)));
+    for (auto& b : blocks) h = b->forward(h, Tensor(), Tensor(), true);
+    return head->forward(h);
+  }
+  std::shared_ptr<nn::Embedding> embed, pos;
+  std::vector<std::shared_ptr<nn::TransformerEncoderLayer>> blocks;
+  std::shared_ptr<nn::Linear> head;
+};
+
+std::vector<Workload> workloads() {
+  std::vector<Workload> w;
+  w.push_back({"train_mlp_784_1024_1024_10_b128", 3, [] {
+                 auto model = std::make_shared<nn::Sequential>(std::initializer_list<std::shared_ptr<nn::UnaryModule>>{
+                     std::make_shared<nn::Linear>(784, 1024), std::make_shared<nn::ReLU>(),
+                     std::make_shared<nn::Linear>(1024, 1024), std::make_shared<nn::ReLU>(),
+                     std::make_shared<nn::Linear>(1024, 10)});
+                 auto opt = std::make_shared<optim::SGD>(model->parameters(),
+                                                         optim::SGDOptions{.lr = 0.01, .momentum = 0.9});
+                 Tensor x = randn({128, 784}).eval();
+                 Tensor y = randint(0, 10, {128}).eval();
+                 return std::function<double()>([model, opt, x, y] {
+                   opt->zero_grad();
+                   Tensor loss = nn::cross_entropy(model->forward(x), y);
+                   loss.backward();
+                   opt->step();
+                   return loss.item<double>();
+                 });
+               }});
+  w.push_back({"train_lstm_h256_s64_b32", 2, [] {
+                 auto model = std::make_shared<CharLSTM>();
+                 auto opt = std::make_shared<optim::Adam>(model->parameters(), optim::AdamOptions{.lr = 1e-3});
+                 Tensor x = randint(0, 128, {32, 64}).eval();
+                 Tensor y = randint(0, 128, {32 * 64}).eval();
+                 return std::function<double()>([model, opt, x, y] {
+                   opt->zero_grad();
+                   Tensor loss = nn::cross_entropy(reshape(model->forward(x), {32 * 64, 128}), y);
+                   loss.backward();
+                   opt->step();
+                   return loss.item<double>();
+                 });
+               }});
+  w.push_back({"train_transformer_2x256_h4_s128_b16", 2, [] {
+                 auto model = std::make_shared<TinyGPT>();
+                 auto opt = std::make_shared<optim::AdamW>(model->parameters(),
+                                                           optim::AdamWOptions{.lr = 3e-4, .weight_decay = 0.01});
+                 Tensor x = randint(0, 128, {16, 128}).eval();
+                 Tensor y = randint(0, 128, {16 * 128}).eval();
+                 return std::function<double()>([model, opt, x, y] {
+                   opt->zero_grad();
+                   Tensor loss = nn::cross_entropy(reshape(model->forward(x), {16 * 128, 128}), y);
+                   loss.backward();
+                   opt->step();
+                   return loss.item<double>();
+                 });
+               }});
+  return w;
+}
+
+// (step ms, peak bytes) of one workload from bench_train_torch.py, run in its own process so
+// that each peak RSS starts from a fresh interpreter. Empty note on success.
+std::pair<double, double> run_torch(const std::string& name, int threads, int reps, std::string& note) {
+  if (std::system("python3 -c 'import torch' >/dev/null 2>&1") != 0) {
+    note = "PyTorch not installed (scripts/setup_torch.sh): baseline skipped";
+    return {-1, -1};
+  }
+  std::string cmd = "python3 " KILN_BENCH_DIR "/bench_train_torch.py --threads " + std::to_string(threads) +
+                    " --reps " + std::to_string(reps) + " --only " + name;
+  FILE* p = popen(cmd.c_str(), "r");
+  if (!p) {
+    note = "could not run bench_train_torch.py";
+    return {-1, -1};
+  }
+  char line[512];
+  std::pair<double, double> out{-1, -1};
+  while (std::fgets(line, sizeof line, p)) {
+    char got[128];
+    double ms = -1, peak = -1;
+    if (std::sscanf(line, "RESULT %127s %lf %lf", got, &ms, &peak) == 3 && name == got) {
+      out = {ms, peak};
+    } else {
+      std::fputs(line, stdout);
+    }
+  }
+  pclose(p);
+  if (out.first < 0) note = "bench_train_torch.py gave no result";
+  return out;
+}
+
+// With KILN_BENCH_PROFILE=1: the kernels that took the most time since `before`.
+void print_profile(const std::map<std::string, double>& before) {
+  std::vector<std::pair<double, std::string>> rows;
+  double total = 0;
+  for (const jit::KernelRecord& r : jit::kernel_records()) {
+    auto it = before.find(r.key);
+    double ms = r.run_ms_total - (it == before.end() ? 0.0 : it->second);
+    if (ms <= 0) continue;
+    total += ms;
+    std::string ops;
+    for (const std::string& o : r.source_ops) ops += (ops.empty() ? "" : " ") + o;
+    rows.push_back({ms, ops.substr(0, 100)});
+  }
+  std::sort(rows.rbegin(), rows.rend());
+  std::printf("  generated kernels: %.1f ms in total\n", total);
+  for (size_t i = 0; i < rows.size() && i < 12; ++i) std::printf("  %9.1f ms  %s\n", rows[i].first, rows[i].second.c_str());
+}
+
+std::map<std::string, double> run_times() {
+  std::map<std::string, double> out;
+  for (const jit::KernelRecord& r : jit::kernel_records()) out[r.key] = r.run_ms_total;
+  return out;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Results results(argc, argv);
+  const int reps = env_int("BENCH_REPS", 10);
+  const int threads = thread_pool().size();
+  std::string only;
+  for (int i = 1; i + 1 < argc; ++i)
+    if (std::string(argv[i]) == "--only") only = argv[i + 1];
+  std::printf("training steps: %d threads, median of %d steps after warm-up\n", threads, reps);
+  for (const Workload& w : workloads()) {
+    if (!only.empty() && w.name.find(only) == std::string::npos) continue;
+    manual_seed(0);
+    std::function<double()> step = w.make();
+    double loss = 0;
+    for (int i = 0; i < w.warmup; ++i) loss = step();
+    memory::host_pool().reset_peak_stats();
+    std::map<std::string, double> before = run_times();
+    double ms = median_ms(0, reps, [&] { loss = step(); });
+    if (env_int("KILN_BENCH_PROFILE", 0)) print_profile(before);
+    double peak = static_cast<double>(memory::host_pool().stats().peak_allocated);
+    std::string note;
+    auto [torch_ms, torch_peak] = run_torch(w.name, threads, reps, note);
+    Result r;
+    r.workload = w.name;
+    r.kiln_ms = ms;
+    r.baseline = "pytorch-eager";
+    r.baseline_ms = torch_ms;
+    r.compiler = compiler_label();
+    r.target = 0.7;
+    r.target_kind = "ratio<=";
+    r.extra = {{"kiln_peak_bytes", peak}, {"torch_peak_bytes", torch_peak}, {"final_loss", loss}};
+    char buf[160];
+    std::snprintf(buf, sizeof buf, "peak kiln %.0f MB / torch %.0f MB (RSS growth)%s%s", peak / 1e6,
+                  torch_peak / 1e6, note.empty() ? "" : "; ", note.c_str());
+    r.note = buf;
+    results.add(std::move(r));
+  }
+  results.print("training steps (kiln vs PyTorch eager, CPU)");
+  results.write_json();
+  return 0;
+}
