@@ -123,8 +123,16 @@ void run_whole_reduction(const LoweredKernel& lk, KernelFn fn, std::vector<char*
 
 template <typename Acc>
 void run_scatter(const LoweredKernel& lk, KernelFn fn, std::vector<char*>& bufs, Node& root) {
-  std::vector<Acc> acc(static_cast<size_t>(root.numel()), identity_of<Acc>(lk.ir.reduce, root.dtype));
-  bufs[0] = reinterpret_cast<char*>(acc.data());
+  const auto n = static_cast<int64_t>(root.numel());
+  const Acc identity = identity_of<Acc>(lk.ir.reduce, root.dtype);
+  // A float64 result accumulates in place; other dtypes go through an accumulator array
+  // converted at the end.
+  constexpr bool kInPlaceCapable = std::is_same_v<Acc, double>;
+  const bool in_place = kInPlaceCapable && root.dtype == DType::Float64;
+  std::vector<Acc> acc(in_place ? 0 : static_cast<size_t>(n));
+  Acc* target = in_place ? reinterpret_cast<Acc*>(root.buffer->data()) : acc.data();
+  thread_pool().parallel_for(n, kGrain, [&](int64_t b, int64_t e) { std::fill(target + b, target + e, identity); });
+  bufs[0] = reinterpret_cast<char*>(target);
   const int64_t* params = lk.params.data();
   bool any = true;
   for (int64_t s : root.inputs[0]->shape) any = any && s > 0;
@@ -135,11 +143,20 @@ void run_scatter(const LoweredKernel& lk, KernelFn fn, std::vector<char*>& bufs,
       fn(bufs.data(), params, 0, 1, 0);
     }
   }
+  if (in_place) return;
   void* out = root.buffer->data();
-  for (size_t i = 0; i < acc.size(); ++i) {
-    if constexpr (std::is_floating_point_v<Acc>) kiln::detail::store_double(out, root.dtype, static_cast<int64_t>(i), acc[i]);
-    else kiln::detail::store_int64(out, root.dtype, static_cast<int64_t>(i), acc[i]);
-  }
+  thread_pool().parallel_for(n, kGrain, [&](int64_t b, int64_t e) {
+    if constexpr (std::is_floating_point_v<Acc>) {
+      if (root.dtype == DType::Float32) {
+        float* o = static_cast<float*>(out);
+        for (int64_t i = b; i < e; ++i) o[i] = static_cast<float>(acc[static_cast<size_t>(i)]);
+        return;
+      }
+      for (int64_t i = b; i < e; ++i) kiln::detail::store_double(out, root.dtype, i, acc[static_cast<size_t>(i)]);
+    } else {
+      for (int64_t i = b; i < e; ++i) kiln::detail::store_int64(out, root.dtype, i, acc[static_cast<size_t>(i)]);
+    }
+  });
 }
 
 // Compiled kernels by IR structure, so that a launch of a known kernel skips printing and
