@@ -133,21 +133,46 @@ Tensor broadcast_to(const Tensor& x, const Shape& shape, const char* origin) {
 
 namespace {
 
-// When `n` reads x[i_p0, i_p1, ...] (a permutation of the output coordinates), the read that
-// undoes it; otherwise undefined.
-Tensor inverse_permutation(const Node& n, const Tensor& x, const Tensor& g) {
+// e as `i_var + offset`, if it has that form.
+bool unit_affine(const IndexExpr& e, int* var, int64_t* offset) {
+  if (e.kind() == IndexExpr::Kind::Var) {
+    *var = static_cast<int>(e.value());
+    *offset = 0;
+    return true;
+  }
+  if (e.kind() != IndexExpr::Kind::Add || e.args().size() != 2) return false;
+  const IndexExpr& a = e.args()[0];
+  const IndexExpr& b = e.args()[1];
+  const IndexExpr* v = a.kind() == IndexExpr::Kind::Var ? &a : (b.kind() == IndexExpr::Kind::Var ? &b : nullptr);
+  const IndexExpr* c = a.is_const() ? &a : (b.is_const() ? &b : nullptr);
+  if (v == nullptr || c == nullptr) return false;
+  *var = static_cast<int>(v->value());
+  *offset = c->value();
+  return true;
+}
+
+// When `n` reads x[i_p0 + c0, i_p1 + c1, ...] with every output coordinate used once (a
+// permute, slice, narrow or pad), each x element is read at most once and x's gradient is
+// the inverse read, out-of-range positions (elements never read) giving 0. That is a map,
+// which fuses with its neighbours, rather than a scatter; otherwise undefined.
+Tensor inverse_read(const Node& n, const Tensor& x, const Tensor& g) {
   const auto& map = n.index_map;
   if (map.size() != n.shape.size()) return Tensor();
   std::vector<IndexExpr> inverse(n.shape.size());
   std::vector<bool> used(n.shape.size(), false);
   for (size_t j = 0; j < map.size(); ++j) {
-    if (map[j].kind() != IndexExpr::Kind::Var) return Tensor();
-    auto d = static_cast<size_t>(map[j].value());
-    if (d >= used.size() || used[d] || n.shape[d] != x.shape()[j]) return Tensor();
-    used[d] = true;
-    inverse[d] = IndexExpr::var(static_cast<int>(j));
+    int d = -1;
+    int64_t offset = 0;
+    if (!unit_affine(map[j], &d, &offset)) return Tensor();
+    auto du = static_cast<size_t>(d);
+    if (du >= used.size() || used[du]) return Tensor();
+    used[du] = true;
+    inverse[du] = IndexExpr::var(static_cast<int>(j)) - IndexExpr::constant(offset);
   }
-  return reindex(g, x.shape(), std::move(inverse), 0, {}, false, "permute backward");
+  // An output coordinate no x dimension reads is a broadcast: its gradient is a sum.
+  for (bool u : used)
+    if (!u) return Tensor();
+  return reindex(g, x.shape(), std::move(inverse), 0, {}, false, "reindex backward");
 }
 
 }  // namespace
@@ -163,14 +188,14 @@ std::vector<Tensor> reindex_vjp(const Node& n, const std::vector<Tensor>& inputs
   std::vector<Tensor> indices(inputs.begin() + 1, inputs.end());
   std::vector<Tensor> grads(inputs.size());
   if (n.op == OpCode::Reindex) {
-    // Bijections (permutes, reshapes) move each element once: their gradient is the inverse
-    // move, a plain read, rather than a scatter-add through the map.
-    if (indices.empty() && x.numel() == out.numel()) {
-      if (Tensor back = inverse_permutation(n, x, g); back.defined()) {
+    // Maps that read each element at most once (permutes, slices, pads, reshapes) have the
+    // inverse read as gradient, a plain map, rather than a scatter-add through the map.
+    if (indices.empty()) {
+      if (Tensor back = inverse_read(n, x, g); back.defined()) {
         grads[0] = back;
         return grads;
       }
-      if (n.index_map == reshape(x, n.shape).node()->index_map) {
+      if (x.numel() == out.numel() && n.index_map == reshape(x, n.shape).node()->index_map) {
         grads[0] = reshape(g, x.shape());
         return grads;
       }
