@@ -59,6 +59,7 @@ struct GemmLayout {
   int64_t a_offset = 0, b_offset = 0;  // element offsets of coordinate 0 (slices)
   struct Batch {
     int64_t size, a, b, c;  // extent and element strides
+    bool summed = false;    // a k dimension summed by repeated calls (beta = 1)
   };
   std::vector<Batch> batches;
 };
@@ -273,8 +274,7 @@ bool gemm_layout(const Node& r, GemmLayout* out) {
   // Several k dims (a linear layer's weight gradient sums over batch and time) are one k when
   // they flatten together in both operands. Several m (n) dims flatten likewise or, failing
   // that, all but the innermost become batch dimensions that B (A) broadcasts over.
-  Merged k, m, n;
-  if (!merge_dims(ks, dom, {&sa, &sb}, &k)) return false;
+  Merged m, n;
   auto pick = [&](std::vector<int>& dims, const std::vector<int64_t>& own, Merged* out) {
     if (dims.empty() || merge_dims(dims, dom, {&own, &sc}, out)) return;
     std::sort(dims.begin(), dims.end(), [&](int x, int y) { return sc[x] < sc[y]; });
@@ -283,27 +283,51 @@ bool gemm_layout(const Node& r, GemmLayout* out) {
   };
   pick(ms, sa, &m);
   pick(ns, sb, &n);
-  GemmLayout g;
-  g.k = k.size;
-  g.m = m.size;
-  g.n = n.size;
-  int64_t a_m = m.strides[0], c_m = m.strides[1];
-  int64_t b_n = n.strides[0], c_n = n.strides[1];
-  const int64_t a_k = k.strides[0], b_k = k.strides[1];
-  MatrixView cv;
-  if (blas_view(g.m, g.n, c_m, c_n, &cv) && !cv.trans) {
-    g.ldc = cv.ld;
-    if (!blas_view(g.m, g.k, a_m, a_k, &g.a) || !blas_view(g.k, g.n, b_k, b_n, &g.b)) return false;
-  } else if (blas_view(g.n, g.m, c_n, c_m, &cv) && !cv.trans) {
-    // C^T[n][m] = sum_k B[k][n] A[m][k]: B^T is the left operand, A^T the right.
-    g.swap = true;
-    g.ldc = cv.ld;
-    std::swap(g.m, g.n);
-    if (!blas_view(g.m, g.k, b_n, b_k, &g.a) || !blas_view(g.k, g.n, a_k, a_m, &g.b)) return false;
+  // Several k dims that do not flatten together (a weight gradient summed over permuted
+  // batch and time) become one k per call, the others summed by repeated calls.
+  std::vector<std::pair<Merged, std::vector<int>>> k_choices;
+  Merged merged_k;
+  if (merge_dims(ks, dom, {&sa, &sb}, &merged_k)) {
+    k_choices.push_back({merged_k, {}});
   } else {
-    return false;
+    for (int inner : ks) {
+      std::vector<int> rest;
+      for (int d : ks)
+        if (d != inner) rest.push_back(d);
+      k_choices.push_back({Merged{dom[inner], {sa[inner], sb[inner]}}, rest});
+    }
   }
-  for (int d : batch) g.batches.push_back({dom[d], std::max<int64_t>(sa[d], 0), std::max<int64_t>(sb[d], 0), sc[d]});
+  GemmLayout g;
+  bool found = false;
+  for (const auto& [k, summed] : k_choices) {
+    g = GemmLayout{};
+    g.k = k.size;
+    g.m = m.size;
+    g.n = n.size;
+    int64_t a_m = m.strides[0], c_m = m.strides[1];
+    int64_t b_n = n.strides[0], c_n = n.strides[1];
+    const int64_t a_k = k.strides[0], b_k = k.strides[1];
+    MatrixView cv;
+    bool ok = false;
+    if (blas_view(g.m, g.n, c_m, c_n, &cv) && !cv.trans) {
+      g.ldc = cv.ld;
+      ok = blas_view(g.m, g.k, a_m, a_k, &g.a) && blas_view(g.k, g.n, b_k, b_n, &g.b);
+    } else if (blas_view(g.n, g.m, c_n, c_m, &cv) && !cv.trans) {
+      // C^T[n][m] = sum_k B[k][n] A[m][k]: B^T is the left operand, A^T the right.
+      g.swap = true;
+      g.ldc = cv.ld;
+      std::swap(g.m, g.n);
+      ok = blas_view(g.m, g.k, b_n, b_k, &g.a) && blas_view(g.k, g.n, a_k, a_m, &g.b);
+    }
+    if (!ok) continue;
+    // Summed dims go last: the odometer then visits each output block's first call (all
+    // summed indices 0, beta = 0) before the calls that add to it.
+    for (int d : batch) g.batches.push_back({dom[d], std::max<int64_t>(sa[d], 0), std::max<int64_t>(sb[d], 0), sc[d]});
+    for (int d : summed) g.batches.push_back({dom[d], sa[d], sb[d], 0, true});
+    found = true;
+    break;
+  }
+  if (!found) return false;
   g.a_offset = oa;
   g.b_offset = ob;
   *out = std::move(g);
@@ -356,10 +380,12 @@ void run_gemm(const GemmMatch& g) {
   std::vector<int64_t> bi(L.batches.size(), 0);
   for (int64_t t = 0; t < total && L.m > 0 && L.n > 0 && L.k > 0; ++t) {
     int64_t oa = base_a, ob = base_b, oc = 0;
+    bool accumulate = false;
     for (size_t d = 0; d < L.batches.size(); ++d) {
       oa += bi[d] * L.batches[d].a;
       ob += bi[d] * L.batches[d].b;
       oc += bi[d] * L.batches[d].c;
+      accumulate = accumulate || (L.batches[d].summed && bi[d] > 0);
     }
     char* ct = c + oc * static_cast<int64_t>(elem);
 #if KILN_WITH_BLAS
@@ -369,11 +395,11 @@ void run_gemm(const GemmMatch& g) {
     if (out.dtype == DType::Float32) {
       cblas_sgemm(kRowMajor, ta, tb, m, n, k, 1.0f, reinterpret_cast<const float*>(a) + oa,
                   static_cast<int>(L.a.ld), reinterpret_cast<const float*>(b) + ob, static_cast<int>(L.b.ld),
-                  0.0f, reinterpret_cast<float*>(ct), static_cast<int>(L.ldc));
+                  accumulate ? 1.0f : 0.0f, reinterpret_cast<float*>(ct), static_cast<int>(L.ldc));
     } else {
       cblas_dgemm(kRowMajor, ta, tb, m, n, k, 1.0, reinterpret_cast<const double*>(a) + oa,
                   static_cast<int>(L.a.ld), reinterpret_cast<const double*>(b) + ob, static_cast<int>(L.b.ld),
-                  0.0, reinterpret_cast<double*>(ct), static_cast<int>(L.ldc));
+                  accumulate ? 1.0 : 0.0, reinterpret_cast<double*>(ct), static_cast<int>(L.ldc));
     }
 #else
     (void)ct;

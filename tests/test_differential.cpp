@@ -392,7 +392,7 @@ void run_jit_differential(const std::string& compiler) {
     if (const char* g = std::getenv("KILN_DIFF_GRAPHS")) count = std::max(1, std::atoi(g));
     INFO("KILN_CPU_COMPILER=" << compiler);
     RunStats st = run_differential("jit", 1000000, count, /*exact=*/false);
-    CHECK(st.graphs >= static_cast<size_t>(count));
+    CHECK(st.graphs >= count);
     return;
   }
   if (const char* list = std::getenv("KILN_DIFF_COMPILERS")) {
