@@ -29,14 +29,17 @@ $(BUILD_DIR)/CMakeCache.txt: | setup
 build: configure
 	cmake --build $(BUILD_DIR) -j$(NPROC)
 
+# The main demo: train an MLP on the handwritten digits (examples/digits_mlp). The tour of
+# the tensor API is `./build/examples/quickstart`.
 demo: setup build
-	./$(BUILD_DIR)/examples/quickstart
+	./$(BUILD_DIR)/examples/digits_mlp
 
 test: setup build
 	ctest --test-dir $(BUILD_DIR) $(CTEST_ARGS)
 
 # Builds, runs every benchmark and writes bench/results/latest.json (docs/benchmarks.md).
 bench: setup build
+	@bash scripts/setup_torch.sh || echo "make bench: PyTorch unavailable, baselines will be skipped"
 	@bash bench/run_all.sh $(BUILD_DIR)
 
 # Separate tree so that sanitizer objects never mix with the release build.

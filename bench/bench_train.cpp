@@ -37,7 +37,9 @@ class CharLSTM : public nn::Module {
     lstm = register_module("lstm", std::make_shared<nn::LSTM>(128, 256, 1, true, true));
     head = register_module("head", std::make_shared<nn::Linear>(256, 128));
   }
-  Tensor forward(const Tensor& tokens) { return head->forward(lstm->forward(embed->forward(tokens)).output); }
+  Tensor forward(const Tensor& tokens) {
+    return head->forward(lstm->forward(embed->forward(tokens)).output);
+  }
   std::shared_ptr<nn::Embedding> embed;
   std::shared_ptr<nn::LSTM> lstm;
   std::shared_ptr<nn::Linear> head;
@@ -50,8 +52,8 @@ class TinyGPT : public nn::Module {
     pos = register_module("pos", std::make_shared<nn::Embedding>(128, 256));
     auto list = register_module("blocks", std::make_shared<nn::Sequential>());
     for (int i = 0; i < 2; ++i) {
-      blocks.push_back(
-          std::make_shared<nn::TransformerEncoderLayer>(256, 4, 1024, 0.1, nn::Activation::ReLU, 1e-5, true, true));
+      blocks.push_back(std::make_shared<nn::TransformerEncoderLayer>(
+          256, 4, 1024, 0.1, nn::Activation::ReLU, 1e-5, true, true));
       list->push_back(blocks.back());
     }
     head = register_module("head", std::make_shared<nn::Linear>(256, 128));
@@ -69,12 +71,13 @@ class TinyGPT : public nn::Module {
 std::vector<Workload> workloads() {
   std::vector<Workload> w;
   w.push_back({"train_mlp_784_1024_1024_10_b128", 3, [] {
-                 auto model = std::make_shared<nn::Sequential>(std::initializer_list<std::shared_ptr<nn::UnaryModule>>{
-                     std::make_shared<nn::Linear>(784, 1024), std::make_shared<nn::ReLU>(),
-                     std::make_shared<nn::Linear>(1024, 1024), std::make_shared<nn::ReLU>(),
-                     std::make_shared<nn::Linear>(1024, 10)});
-                 auto opt = std::make_shared<optim::SGD>(model->parameters(),
-                                                         optim::SGDOptions{.lr = 0.01, .momentum = 0.9});
+                 auto model = std::make_shared<nn::Sequential>(
+                     std::initializer_list<std::shared_ptr<nn::UnaryModule>>{
+                         std::make_shared<nn::Linear>(784, 1024), std::make_shared<nn::ReLU>(),
+                         std::make_shared<nn::Linear>(1024, 1024), std::make_shared<nn::ReLU>(),
+                         std::make_shared<nn::Linear>(1024, 10)});
+                 auto opt = std::make_shared<optim::SGD>(
+                     model->parameters(), optim::SGDOptions{.lr = 0.01, .momentum = 0.9});
                  Tensor x = randn({128, 784}).eval();
                  Tensor y = randint(0, 10, {128}).eval();
                  return std::function<double()>([model, opt, x, y] {
@@ -87,7 +90,8 @@ std::vector<Workload> workloads() {
                }});
   w.push_back({"train_lstm_h256_s64_b32", 2, [] {
                  auto model = std::make_shared<CharLSTM>();
-                 auto opt = std::make_shared<optim::Adam>(model->parameters(), optim::AdamOptions{.lr = 1e-3});
+                 auto opt = std::make_shared<optim::Adam>(model->parameters(),
+                                                          optim::AdamOptions{.lr = 1e-3});
                  Tensor x = randint(0, 128, {32, 64}).eval();
                  Tensor y = randint(0, 128, {32 * 64}).eval();
                  return std::function<double()>([model, opt, x, y] {
@@ -100,8 +104,8 @@ std::vector<Workload> workloads() {
                }});
   w.push_back({"train_transformer_2x256_h4_s128_b16", 2, [] {
                  auto model = std::make_shared<TinyGPT>();
-                 auto opt = std::make_shared<optim::AdamW>(model->parameters(),
-                                                           optim::AdamWOptions{.lr = 3e-4, .weight_decay = 0.01});
+                 auto opt = std::make_shared<optim::AdamW>(
+                     model->parameters(), optim::AdamWOptions{.lr = 3e-4, .weight_decay = 0.01});
                  Tensor x = randint(0, 128, {16, 128}).eval();
                  Tensor y = randint(0, 128, {16 * 128}).eval();
                  return std::function<double()>([model, opt, x, y] {
@@ -117,13 +121,14 @@ std::vector<Workload> workloads() {
 
 // (step ms, peak bytes) of one workload from bench_train_torch.py, run in its own process so
 // that each peak RSS starts from a fresh interpreter. Empty note on success.
-std::pair<double, double> run_torch(const std::string& name, int threads, int reps, std::string& note) {
+std::pair<double, double> run_torch(const std::string& name, int threads, int reps,
+                                    std::string& note) {
   if (std::system("python3 -c 'import torch' >/dev/null 2>&1") != 0) {
     note = "PyTorch not installed (scripts/setup_torch.sh): baseline skipped";
     return {-1, -1};
   }
-  std::string cmd = "python3 " KILN_BENCH_DIR "/bench_train_torch.py --threads " + std::to_string(threads) +
-                    " --reps " + std::to_string(reps) + " --only " + name;
+  std::string cmd = "python3 " KILN_BENCH_DIR "/bench_train_torch.py --threads " +
+                    std::to_string(threads) + " --reps " + std::to_string(reps) + " --only " + name;
   FILE* p = popen(cmd.c_str(), "r");
   if (!p) {
     note = "could not run bench_train_torch.py";
@@ -160,7 +165,8 @@ void print_profile(const std::map<std::string, double>& before) {
   }
   std::sort(rows.rbegin(), rows.rend());
   std::printf("  generated kernels: %.1f ms in total\n", total);
-  for (size_t i = 0; i < rows.size() && i < 12; ++i) std::printf("  %9.1f ms  %s\n", rows[i].first, rows[i].second.c_str());
+  for (size_t i = 0; i < rows.size() && i < 12; ++i)
+    std::printf("  %9.1f ms  %s\n", rows[i].first, rows[i].second.c_str());
 }
 
 std::map<std::string, double> run_times() {

@@ -4,7 +4,8 @@
 #
 # bench_fused and bench_compile run once per CPU compiler (the compiler is chosen once per
 # process); bench_gemm once. Other bench_* executables (bench_pool) print their own tables
-# and add nothing to the JSON. Nothing is installed: PyTorch is used only if importable.
+# and add nothing to the JSON. PyTorch baselines are used when importable, preferring the
+# one scripts/setup_torch.sh installs into .venv-torch (`make bench` runs that first).
 #
 # Usage: bench/run_all.sh [BUILD_DIR]      (default: build)
 set -uo pipefail
@@ -18,6 +19,9 @@ if [[ ! -d $bench_dir ]]; then
   exit 1
 fi
 mkdir -p "$out_dir"
+if [[ -x $here/../.venv-torch/wrap/python3 ]]; then
+  export PATH="$here/../.venv-torch/wrap:$PATH"
+fi
 lines=$(mktemp)
 trap 'rm -f "$lines"' EXIT
 
@@ -42,10 +46,11 @@ for c in "${compilers[@]}"; do
   [[ -x $bench_dir/bench_compile ]] && run env KILN_CPU_COMPILER="$c" "$bench_dir/bench_compile" --json "$lines"
 done
 [[ -x $bench_dir/bench_gemm ]] && run "$bench_dir/bench_gemm" --json "$lines"
+[[ -x $bench_dir/bench_train ]] && run "$bench_dir/bench_train" --json "$lines"
 
 for exe in "$bench_dir"/bench_*; do
   case $(basename "$exe") in
-    bench_fused | bench_compile | bench_gemm) continue ;;
+    bench_fused | bench_compile | bench_gemm | bench_train) continue ;;
   esac
   [[ -f $exe && -x $exe ]] && run "$exe"
 done

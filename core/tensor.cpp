@@ -117,10 +117,10 @@ void Tensor::rebind(const Tensor& value, const char* what, bool check_meta) {
     throw DeviceError(std::string("[") + what + "] the new value is on " + v.device.str() +
                       " but the tensor is on " + old.device.str());
   }
-  // The value becomes a leaf: a node with gradient history or another leaf's identity is
-  // copied rather than changed under its other users.
-  NodePtr next = v.requires_grad ? detached_copy(v) : value.node();
-  bool leaf = old.grad_leaf && is_floating(next->dtype);
+  // A node with gradient history, or one about to become a leaf, is copied: marking the
+  // value's own node would make the caller's tensor a leaf too.
+  bool leaf = old.grad_leaf && is_floating(v.dtype);
+  NodePtr next = v.requires_grad || leaf ? detached_copy(v) : value.node();
   next->requires_grad = leaf;
   next->grad_leaf = leaf;
   if (leaf && next.get() != &old && old.grad && old.grad->shape == next->shape &&

@@ -409,6 +409,10 @@ TEST_CASE("assign updates every copy and keeps training loops from growing the g
     if (step == 5) nodes_after_first = Node::live_count();
   }
   REQUIRE(w.node() == copy.node());
+  Tensor plain = from_vector<float>(std::vector<float>(12, 1.0f), {4, 3});
+  copy.assign(plain);
+  REQUIRE_FALSE(plain.requires_grad());  // the value given stays what it was
+  REQUIRE(copy.requires_grad());
   REQUIRE(w.is_leaf());
   REQUIRE(w.requires_grad());
   REQUIRE(last_loss < 0.7f * first_loss);

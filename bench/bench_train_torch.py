@@ -1,0 +1,135 @@
+#!/usr/bin/env python3
+"""PyTorch eager baselines for bench_train: the same models, shapes, optimizers and threads.
+
+bench_train runs this script when `import torch` works and reads one line per workload:
+    RESULT <name> <step_ms> <peak_bytes>
+step_ms is the median of timed training steps (forward, backward, optimizer step, loss read
+back) after warm-up. peak_bytes is the growth of the process's peak resident set size
+(ru_maxrss) over the run, which covers parameters, optimizer state, activations and
+allocator caching: PyTorch's CPU allocator keeps no statistics of its own. Nothing here
+installs PyTorch.
+"""
+import argparse
+import resource
+import statistics
+import sys
+import time
+
+
+def peak_rss_bytes():
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def median_step_ms(step, warmup, reps):
+    for _ in range(warmup):
+        step()
+    times = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        step()
+        times.append((time.perf_counter() - start) * 1e3)
+    return statistics.median(times)
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--threads", type=int, required=True)
+    parser.add_argument("--reps", type=int, default=10)
+    parser.add_argument("--only", default="")
+    args = parser.parse_args()
+
+    import torch
+    import torch.nn as nn
+    import torch.nn.functional as F
+
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+
+    def mlp():
+        model = nn.Sequential(nn.Linear(784, 1024), nn.ReLU(), nn.Linear(1024, 1024), nn.ReLU(),
+                              nn.Linear(1024, 10))
+        opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+        x = torch.randn(128, 784)
+        y = torch.randint(0, 10, (128,))
+
+        def step():
+            opt.zero_grad()
+            loss = F.cross_entropy(model(x), y)
+            loss.backward()
+            opt.step()
+            return loss.item()
+
+        return step
+
+    class CharLSTM(nn.Module):
+        def __init__(self, vocab=128, embed=128, hidden=256):
+            super().__init__()
+            self.embed = nn.Embedding(vocab, embed)
+            self.lstm = nn.LSTM(embed, hidden, batch_first=True)
+            self.head = nn.Linear(hidden, vocab)
+
+        def forward(self, tokens):
+            out, _ = self.lstm(self.embed(tokens))
+            return self.head(out)
+
+    def lstm():
+        model = CharLSTM()
+        opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+        x = torch.randint(0, 128, (32, 64))
+        y = torch.randint(0, 128, (32, 64))
+
+        def step():
+            opt.zero_grad()
+            loss = F.cross_entropy(model(x).reshape(-1, 128), y.reshape(-1))
+            loss.backward()
+            opt.step()
+            return loss.item()
+
+        return step
+
+    class TinyGPT(nn.Module):
+        def __init__(self, vocab=128, d=256, heads=4, layers=2, seq=128):
+            super().__init__()
+            self.embed = nn.Embedding(vocab, d)
+            self.pos = nn.Embedding(seq, d)
+            layer = nn.TransformerEncoderLayer(d, heads, dim_feedforward=4 * d, dropout=0.1,
+                                               batch_first=True, norm_first=True)
+            self.blocks = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
+            self.head = nn.Linear(d, vocab)
+            self.register_buffer("mask", nn.Transformer.generate_square_subsequent_mask(seq))
+
+        def forward(self, tokens):
+            t = tokens.shape[1]
+            h = self.embed(tokens) + self.pos(torch.arange(t))
+            return self.head(self.blocks(h, mask=self.mask[:t, :t], is_causal=True))
+
+    def transformer():
+        model = TinyGPT()
+        opt = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.01)
+        x = torch.randint(0, 128, (16, 128))
+        y = torch.randint(0, 128, (16, 128))
+
+        def step():
+            opt.zero_grad()
+            loss = F.cross_entropy(model(x).reshape(-1, 128), y.reshape(-1))
+            loss.backward()
+            opt.step()
+            return loss.item()
+
+        return step
+
+    workloads = [("train_mlp_784_1024_1024_10_b128", mlp, 3),
+                 ("train_lstm_h256_s64_b32", lstm, 2),
+                 ("train_transformer_2x256_h4_s128_b16", transformer, 2)]
+    for name, make, warmup in workloads:
+        if args.only and args.only not in name:
+            continue
+        before = peak_rss_bytes()
+        step = make()
+        ms = median_step_ms(step, warmup, args.reps)
+        print(f"RESULT {name} {ms:.3f} {peak_rss_bytes() - before}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

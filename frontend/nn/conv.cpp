@@ -1,0 +1,147 @@
+#include "conv.h"
+
+#include <cmath>
+
+#include "detail.h"
+#include "init.h"
+
+namespace kiln::nn {
+
+using detail::describe;
+using detail::require_positive;
+
+namespace {
+
+void require_image(const Tensor& x, const std::string& layer) {
+  detail::require_defined(x, layer, "input");
+  if (x.ndim() != 3 && x.ndim() != 4) {
+    throw ShapeError("[" + layer + "] expected a 4-D input [N, C, H, W] or 3-D [C, H, W], got " +
+                     describe(x));
+  }
+}
+
+void require_size(Size2 s, const std::string& layer, const char* what, int64_t least) {
+  if (s.h < least || s.w < least) {
+    throw ValueError("[" + layer + "] " + what + " must be >= " + std::to_string(least) + ", got " +
+                     s.str());
+  }
+}
+
+}  // namespace
+
+Conv2d::Conv2d(int64_t in, int64_t out, Size2 k, Size2 s, Size2 p, Size2 d, int64_t g,
+               bool with_bias)
+    : UnaryModule("Conv2d"),
+      in_channels(in),
+      out_channels(out),
+      kernel_size(k),
+      stride(s),
+      padding(p),
+      dilation(d),
+      groups(g) {
+  require_positive(in, name(), "in_channels");
+  require_positive(out, name(), "out_channels");
+  require_positive(g, name(), "groups");
+  require_size(k, name(), "kernel_size", 1);
+  require_size(s, name(), "stride", 1);
+  require_size(d, name(), "dilation", 1);
+  require_size(p, name(), "padding", 0);
+  if (in % g != 0) {
+    throw ValueError("[Conv2d] in_channels " + std::to_string(in) + " is not divisible by groups " +
+                     std::to_string(g));
+  }
+  if (out % g != 0) {
+    throw ValueError("[Conv2d] out_channels " + std::to_string(out) +
+                     " is not divisible by groups " + std::to_string(g));
+  }
+  const int64_t fan_in = in / g * k.h * k.w;
+  double bound = 1.0 / std::sqrt(static_cast<double>(fan_in));
+  weight = register_parameter("weight", init::uniform({out, in / g, k.h, k.w}, -bound, bound));
+  if (with_bias) bias = register_parameter("bias", init::uniform({out}, -bound, bound));
+}
+
+Tensor Conv2d::forward(const Tensor& x) {
+  require_image(x, name());
+  detail::require_layer_input(x, name(), weight.dtype());
+  if (x.size(-3) != in_channels) {
+    throw ShapeError("[Conv2d] expected input with " + std::to_string(in_channels) +
+                     " channels (in_channels) in dimension " + std::to_string(x.ndim() - 3) +
+                     ", got " + describe(x));
+  }
+  const int64_t h = x.size(-2), w = x.size(-1);
+  if (h + 2 * padding.h < dilation.h * (kernel_size.h - 1) + 1 ||
+      w + 2 * padding.w < dilation.w * (kernel_size.w - 1) + 1) {
+    throw ShapeError("[Conv2d] input " + describe(x) + " with padding " + padding.str() +
+                     " is smaller than the (dilated) kernel " + kernel_size.str());
+  }
+  return F::conv2d(x, weight, bias, stride, padding, dilation, groups);
+}
+
+std::string Conv2d::extra_repr() const {
+  std::string s = std::to_string(in_channels) + ", " + std::to_string(out_channels) +
+                  ", kernel_size=" + kernel_size.str() + ", stride=" + stride.str();
+  if (padding != Size2(0)) s += ", padding=" + padding.str();
+  if (dilation != Size2(1)) s += ", dilation=" + dilation.str();
+  if (groups != 1) s += ", groups=" + std::to_string(groups);
+  if (!bias.defined()) s += ", bias=false";
+  return s;
+}
+
+MaxPool2d::MaxPool2d(Size2 k, std::optional<Size2> s, Size2 p, Size2 d, bool ceil)
+    : UnaryModule("MaxPool2d"),
+      kernel_size(k),
+      stride(s.value_or(k)),
+      padding(p),
+      dilation(d),
+      ceil_mode(ceil) {
+  require_size(k, name(), "kernel_size", 1);
+  require_size(stride, name(), "stride", 1);
+  require_size(d, name(), "dilation", 1);
+  require_size(p, name(), "padding", 0);
+}
+
+Tensor MaxPool2d::forward(const Tensor& x) {
+  require_image(x, name());
+  return F::max_pool2d(x, kernel_size, stride, padding, dilation, ceil_mode);
+}
+
+std::string MaxPool2d::extra_repr() const {
+  return "kernel_size=" + kernel_size.str() + ", stride=" + stride.str() +
+         ", padding=" + padding.str();
+}
+
+AvgPool2d::AvgPool2d(Size2 k, std::optional<Size2> s, Size2 p, bool ceil, bool include_pad)
+    : UnaryModule("AvgPool2d"),
+      kernel_size(k),
+      stride(s.value_or(k)),
+      padding(p),
+      ceil_mode(ceil),
+      count_include_pad(include_pad) {
+  require_size(k, name(), "kernel_size", 1);
+  require_size(stride, name(), "stride", 1);
+  require_size(p, name(), "padding", 0);
+}
+
+Tensor AvgPool2d::forward(const Tensor& x) {
+  require_image(x, name());
+  return F::avg_pool2d(x, kernel_size, stride, padding, ceil_mode, count_include_pad);
+}
+
+std::string AvgPool2d::extra_repr() const {
+  return "kernel_size=" + kernel_size.str() + ", stride=" + stride.str() +
+         ", padding=" + padding.str();
+}
+
+AdaptiveAvgPool2d::AdaptiveAvgPool2d(Size2 out)
+    : UnaryModule("AdaptiveAvgPool2d"), output_size(out) {
+  require_size(out, name(), "output_size", 1);
+}
+
+Tensor AdaptiveAvgPool2d::forward(const Tensor& x) {
+  require_image(x, name());
+  return F::adaptive_avg_pool2d(x, output_size);
+}
+
+std::string AdaptiveAvgPool2d::extra_repr() const { return "output_size=" + output_size.str(); }
+
+}  // namespace kiln::nn

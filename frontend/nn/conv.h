@@ -1,0 +1,61 @@
+#pragma once
+// Convolution and pooling over NCHW images.
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "functional.h"
+#include "module.h"
+
+namespace kiln::nn {
+
+/// 2-D convolution (cross-correlation) with zero padding. weight [out, in/groups, kh, kw]
+/// and bias [out] start as U(-1/sqrt(fan_in), 1/sqrt(fan_in)), fan_in = in/groups*kh*kw.
+class Conv2d : public UnaryModule {
+ public:
+  Conv2d(int64_t in_channels, int64_t out_channels, Size2 kernel_size, Size2 stride = 1,
+         Size2 padding = 0, Size2 dilation = 1, int64_t groups = 1, bool bias = true);
+  /// x [N, in_channels, H, W] (or [in_channels, H, W]) -> [N, out_channels, H', W'].
+  Tensor forward(const Tensor& x) override;
+  std::string extra_repr() const override;
+
+  const int64_t in_channels, out_channels;
+  const Size2 kernel_size, stride, padding, dilation;
+  const int64_t groups;
+  Tensor weight, bias;
+};
+
+/// Max over windows; stride defaults to the kernel size.
+class MaxPool2d : public UnaryModule {
+ public:
+  explicit MaxPool2d(Size2 kernel_size, std::optional<Size2> stride = std::nullopt,
+                     Size2 padding = 0, Size2 dilation = 1, bool ceil_mode = false);
+  Tensor forward(const Tensor& x) override;
+  std::string extra_repr() const override;
+
+  const Size2 kernel_size, stride, padding, dilation;
+  const bool ceil_mode;
+};
+
+/// Mean over windows; stride defaults to the kernel size.
+class AvgPool2d : public UnaryModule {
+ public:
+  explicit AvgPool2d(Size2 kernel_size, std::optional<Size2> stride = std::nullopt,
+                     Size2 padding = 0, bool ceil_mode = false, bool count_include_pad = true);
+  Tensor forward(const Tensor& x) override;
+  std::string extra_repr() const override;
+
+  const Size2 kernel_size, stride, padding;
+  const bool ceil_mode, count_include_pad;
+};
+
+/// Mean over adaptive windows giving a fixed output size (global average pooling at 1x1).
+class AdaptiveAvgPool2d : public UnaryModule {
+ public:
+  explicit AdaptiveAvgPool2d(Size2 output_size);
+  Tensor forward(const Tensor& x) override;
+  std::string extra_repr() const override;
+  const Size2 output_size;
+};
+
+}  // namespace kiln::nn

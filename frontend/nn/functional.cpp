@@ -1,0 +1,471 @@
+// Layer operations as compositions of kiln's meta-ops. Layouts are chosen so that the
+// heavy contractions are products whose operands are read by plain coordinates (what the
+// library GEMM recognises), and so that reductions run over trailing dimensions, which the
+// CPU backend turns into vectorised inner loops.
+#include "functional.h"
+
+#include <cmath>
+#include <limits>
+
+#include "../../ops/reindex.h"
+#include "../../ops/shape_ops.h"
+#include "../../ops/sources.h"
+#include "detail.h"
+
+namespace kiln::nn {
+
+std::string Size2::str() const {
+  return h == w ? std::to_string(h) : "(" + std::to_string(h) + ", " + std::to_string(w) + ")";
+}
+
+namespace functional {
+namespace {
+
+using detail::describe;
+using detail::require_defined;
+using detail::require_floating;
+using detail::require_same_dtype;
+
+IndexExpr var(int d) { return IndexExpr::var(d); }
+IndexExpr cst(int64_t v) { return IndexExpr::constant(v); }
+
+void check_positive(const char* op, const char* what, Size2 s) {
+  if (s.h < 1 || s.w < 1) {
+    throw ValueError(std::string("[") + op + "] " + what + " must be >= 1, got " + s.str());
+  }
+}
+
+void check_non_negative(const char* op, const char* what, Size2 s) {
+  if (s.h < 0 || s.w < 0) {
+    throw ValueError(std::string("[") + op + "] " + what + " must be >= 0, got " + s.str());
+  }
+}
+
+// A 3-D input is one unbatched image; it is given a batch of 1 and the result loses it again.
+Tensor batched_image(const Tensor& x, const char* op) {
+  require_defined(x, op, "input");
+  if (x.ndim() != 3 && x.ndim() != 4) {
+    throw ShapeError(std::string("[") + op +
+                     "] expected a 4-D input [N, C, H, W] or 3-D [C, H, W], got " + describe(x));
+  }
+  return x.ndim() == 3 ? unsqueeze(x, 0) : x;
+}
+
+Tensor restore_batch(const Tensor& y, const Tensor& x) { return x.ndim() == 3 ? squeeze(y, 0) : y; }
+
+// Output length of a sliding window (PyTorch's pooling_output_shape for ceil mode).
+int64_t window_count(const char* op, int64_t in, int64_t k, int64_t s, int64_t p, int64_t d,
+                     bool ceil_mode) {
+  int64_t span = in + 2 * p - d * (k - 1) - 1;
+  int64_t out = (span < 0 ? -1 : (ceil_mode ? (span + s - 1) / s : span / s)) + 1;
+  // A last window that would start in the right padding is dropped.
+  if (ceil_mode && out > 0 && (out - 1) * s >= in + p) --out;
+  if (out < 1) {
+    throw ShapeError(std::string("[") + op + "] input size " + std::to_string(in) +
+                     " with padding " + std::to_string(p) + " is too small for a kernel of " +
+                     std::to_string(k) + " with dilation " + std::to_string(d) +
+                     "; the output would be empty");
+  }
+  return out;
+}
+
+// The softmax shift is detached: the result does not depend on it, and a shift without
+// history keeps the max-reduction out of the backward graph. A fully masked (all -inf) row
+// gives NaN, as in PyTorch.
+Tensor shift_for(const Tensor& x, int64_t axis) { return max(x, axis, true).detach(); }
+
+}  // namespace
+
+Tensor stable_softmax(const Tensor& x, int64_t axis) {
+  Tensor e = exp(x - shift_for(x, axis));
+  return e / sum(e, axis, true);
+}
+
+Tensor stable_log_softmax(const Tensor& x, int64_t axis) {
+  Tensor z = x - shift_for(x, axis);
+  return z - log(sum(exp(z), axis, true));
+}
+
+Tensor gelu(const Tensor& x, GeluApproximation approximate) {
+  require_floating(x, "gelu", "input");
+  if (approximate == GeluApproximation::Tanh) {
+    constexpr double kSqrt2OverPi = 0.79788456080286535588;
+    Tensor inner = (x + x * x * x * 0.044715) * kSqrt2OverPi;
+    return x * 0.5 * (tanh(inner) + 1.0);
+  }
+  constexpr double kInvSqrt2 = 0.70710678118654752440;
+  return x * 0.5 * (erf(x * kInvSqrt2) + 1.0);
+}
+
+Tensor silu(const Tensor& x) {
+  require_floating(x, "silu", "input");
+  return x * sigmoid(x);
+}
+
+Tensor leaky_relu(const Tensor& x, double negative_slope) {
+  require_floating(x, "leaky_relu", "input");
+  return where(x > 0, x, x * negative_slope);
+}
+
+Tensor dropout(const Tensor& x, double p, bool training, Generator& gen) {
+  require_defined(x, "dropout", "input");
+  if (!(p >= 0.0 && p <= 1.0)) {
+    throw ValueError("[dropout] probability must be in [0, 1], got " + detail::num(p));
+  }
+  if (!training || p == 0.0) return x;
+  require_floating(x, "dropout", "input");
+  Tensor keep = bernoulli(x.shape(), 1.0 - p, gen);
+  // p == 1 keeps nothing; the scale would be infinite, and is never used.
+  return where(keep, p == 1.0 ? x : x * (1.0 / (1.0 - p)), 0.0);
+}
+
+Tensor conv2d(const Tensor& input, const Tensor& weight, const Tensor& bias, Size2 stride,
+              Size2 padding, Size2 dilation, int64_t groups) {
+  const char* op = "conv2d";
+  Tensor x = batched_image(input, op);
+  require_defined(weight, op, "weight");
+  require_floating(x, op, "input");
+  require_same_dtype(x, weight, op, "weight");
+  check_positive(op, "stride", stride);
+  check_positive(op, "dilation", dilation);
+  check_non_negative(op, "padding", padding);
+  if (groups < 1) throw ValueError("[conv2d] groups must be >= 1, got " + std::to_string(groups));
+  if (weight.ndim() != 4) {
+    throw ShapeError(
+        "[conv2d] expected a 4-D weight [out_channels, in_channels/groups, kh, kw], got " +
+        describe(weight));
+  }
+  const int64_t n = x.size(0), c = x.size(1), h = x.size(2), w = x.size(3);
+  const int64_t o = weight.size(0), cg = weight.size(1), kh = weight.size(2), kw = weight.size(3);
+  if (o % groups != 0) {
+    throw ValueError("[conv2d] out_channels " + std::to_string(o) + " is not divisible by groups " +
+                     std::to_string(groups));
+  }
+  if (cg * groups != c) {
+    throw ShapeError("[conv2d] expected input with " + std::to_string(cg * groups) +
+                     " channels (weight " + describe(weight) + ", groups " +
+                     std::to_string(groups) + "), got " + describe(input));
+  }
+  if (bias.defined()) {
+    require_same_dtype(x, bias, op, "bias");
+    if (bias.shape() != Shape{o}) {
+      throw ShapeError("[conv2d] expected a bias of shape [" + std::to_string(o) + "], got " +
+                       describe(bias));
+    }
+  }
+  const int64_t oh = window_count(op, h, kh, stride.h, padding.h, dilation.h, false);
+  const int64_t ow = window_count(op, w, kw, stride.w, padding.w, dilation.w, false);
+  const int64_t og = o / groups, kg = cg * kh * kw, m = n * oh * ow;
+  // im2col: row (n, oh, ow) and column (c, ki, kj) of each group's patch matrix; padding
+  // reads the fill. One GEMM per group then multiplies it by the weight viewed as [Og, Kg]
+  // (transposed), and a final reindex puts the [.., M, Og] result in NCHW order.
+  IndexExpr row = var(groups == 1 ? 0 : 1), col = var(groups == 1 ? 1 : 2);
+  IndexExpr row_n = floordiv(row, cst(oh * ow));
+  IndexExpr row_h = mod(floordiv(row, cst(ow)), cst(oh)), row_w = mod(row, cst(ow));
+  IndexExpr col_c = floordiv(col, cst(kh * kw)), col_i = mod(floordiv(col, cst(kw)), cst(kh));
+  IndexExpr col_j = mod(col, cst(kw));
+  std::vector<IndexExpr> patch_map{
+      row_n, groups == 1 ? col_c : var(0) * cst(cg) + col_c,
+      row_h * cst(stride.h) - cst(padding.h) + col_i * cst(dilation.h),
+      row_w * cst(stride.w) - cst(padding.w) + col_j * cst(dilation.w)};
+  Tensor y;
+  if (groups == 1) {
+    Tensor patches = detail::stored(reindex(x, {m, kg}, patch_map, 0, {}, false, op));
+    Tensor kernel = detail::stored(reshape(weight, {o, kg}));
+    Tensor prod = matmul(patches, transpose(kernel, 0, 1));  // [M, O]
+    y = reindex(prod, {n, o, oh, ow}, {var(0) * cst(oh * ow) + var(2) * cst(ow) + var(3), var(1)},
+                0, {}, false, op);
+  } else {
+    Tensor patches = detail::stored(reindex(x, {groups, m, kg}, patch_map, 0, {}, false, op));
+    Tensor kernel = detail::stored(reshape(weight, {groups, og, kg}));
+    Tensor prod = matmul(patches, transpose(kernel, 1, 2));  // [G, M, Og]
+    y = reindex(prod, {n, o, oh, ow},
+                {floordiv(var(1), cst(og)), var(0) * cst(oh * ow) + var(2) * cst(ow) + var(3),
+                 mod(var(1), cst(og))},
+                0, {}, false, op);
+  }
+  if (bias.defined()) y = y + reshape(bias, {o, 1, 1});
+  return restore_batch(y, input);
+}
+
+namespace {
+
+// Windows of x [N, C, H, W] laid out as [N, C, OH, OW, kh, kw] (out-of-range reads give fill).
+Tensor windows(const Tensor& x, Size2 kernel, Size2 stride, Size2 padding, Size2 dilation,
+               int64_t oh, int64_t ow, const Scalar& fill, const char* op) {
+  return reindex(
+      x, {x.size(0), x.size(1), oh, ow, kernel.h, kernel.w},
+      {var(0), var(1), var(2) * cst(stride.h) - cst(padding.h) + var(4) * cst(dilation.h),
+       var(3) * cst(stride.w) - cst(padding.w) + var(5) * cst(dilation.w)},
+      fill, {}, false, op);
+}
+
+void check_pool_args(const char* op, Size2 kernel, Size2 stride, Size2 padding, Size2 dilation) {
+  check_positive(op, "kernel_size", kernel);
+  check_positive(op, "stride", stride);
+  check_positive(op, "dilation", dilation);
+  check_non_negative(op, "padding", padding);
+  if (2 * padding.h > kernel.h || 2 * padding.w > kernel.w) {
+    throw ValueError(std::string("[") + op + "] padding " + padding.str() +
+                     " must be at most half of the kernel size " + kernel.str());
+  }
+}
+
+}  // namespace
+
+Tensor max_pool2d(const Tensor& input, Size2 kernel, std::optional<Size2> stride_opt, Size2 padding,
+                  Size2 dilation, bool ceil_mode) {
+  const char* op = "max_pool2d";
+  Tensor x = batched_image(input, op);
+  Size2 stride = stride_opt.value_or(kernel);
+  check_pool_args(op, kernel, stride, padding, dilation);
+  if (x.dtype() == DType::Bool)
+    throw DTypeError("[max_pool2d] is not defined for bool input " + describe(x));
+  const int64_t oh =
+      window_count(op, x.size(2), kernel.h, stride.h, padding.h, dilation.h, ceil_mode);
+  const int64_t ow =
+      window_count(op, x.size(3), kernel.w, stride.w, padding.w, dilation.w, ceil_mode);
+  Scalar lowest =
+      is_floating(x.dtype()) ? Scalar(-INFINITY) : Scalar(std::numeric_limits<int64_t>::min());
+  Tensor win = windows(x, kernel, stride, padding, dilation, oh, ow, lowest, op);
+  return restore_batch(max(win, {4, 5}), input);
+}
+
+Tensor avg_pool2d(const Tensor& input, Size2 kernel, std::optional<Size2> stride_opt, Size2 padding,
+                  bool ceil_mode, bool count_include_pad) {
+  const char* op = "avg_pool2d";
+  Tensor x = batched_image(input, op);
+  Size2 stride = stride_opt.value_or(kernel);
+  check_pool_args(op, kernel, stride, padding, 1);
+  require_floating(x, op, "input");
+  const int64_t h = x.size(2), w = x.size(3);
+  const int64_t oh = window_count(op, h, kernel.h, stride.h, padding.h, 1, ceil_mode);
+  const int64_t ow = window_count(op, w, kernel.w, stride.w, padding.w, 1, ceil_mode);
+  Tensor sums = sum(windows(x, kernel, stride, padding, 1, oh, ow, 0, op), {4, 5});
+  // The divisor of each window depends only on sizes: count on the host, as PyTorch does
+  // (clipped to the padded input, and to the input itself without count_include_pad).
+  auto counts = [&](int64_t in, int64_t out, int64_t k, int64_t s, int64_t p) {
+    std::vector<double> c(static_cast<size_t>(out));
+    for (int64_t i = 0; i < out; ++i) {
+      int64_t start = i * s - p, end = std::min(start + k, in + p);
+      if (!count_include_pad) start = std::max<int64_t>(start, 0), end = std::min(end, in);
+      c[static_cast<size_t>(i)] = static_cast<double>(end - start);
+    }
+    return c;
+  };
+  std::vector<double> ch = counts(h, oh, kernel.h, stride.h, padding.h);
+  std::vector<double> cw = counts(w, ow, kernel.w, stride.w, padding.w);
+  bool uniform = true;
+  for (double v : ch) uniform = uniform && v == static_cast<double>(kernel.h);
+  for (double v : cw) uniform = uniform && v == static_cast<double>(kernel.w);
+  if (uniform) return restore_batch(sums * (1.0 / static_cast<double>(kernel.h * kernel.w)), input);
+  std::vector<double> area(static_cast<size_t>(oh * ow));
+  for (int64_t i = 0; i < oh; ++i)
+    for (int64_t j = 0; j < ow; ++j) area[static_cast<size_t>(i * ow + j)] = ch[i] * cw[j];
+  return restore_batch(sums / cast(from_vector(area, {oh, ow}), x.dtype()), input);
+}
+
+Tensor adaptive_avg_pool2d(const Tensor& input, Size2 output_size) {
+  const char* op = "adaptive_avg_pool2d";
+  Tensor x = batched_image(input, op);
+  check_positive(op, "output_size", output_size);
+  require_floating(x, op, "input");
+  const int64_t h = x.size(2), w = x.size(3);
+  if (output_size.h == 1 && output_size.w == 1) return restore_batch(mean(x, {2, 3}, true), input);
+  if (h % output_size.h == 0 && w % output_size.w == 0) {
+    Size2 k(h / output_size.h, w / output_size.w);
+    return avg_pool2d(input, k, k);
+  }
+  // Windows [floor(i*H/oh), ceil((i+1)*H/oh)) have at most `span` elements; positions past a
+  // window's end are masked out and each window divided by its own size.
+  auto plan = [](int64_t in, int64_t out, int64_t* span, std::vector<double>* size) {
+    *span = 0;
+    for (int64_t i = 0; i < out; ++i) {
+      int64_t start = i * in / out, end = ((i + 1) * in + out - 1) / out;
+      *span = std::max(*span, end - start);
+      size->push_back(static_cast<double>(end - start));
+    }
+  };
+  int64_t sh = 0, sw = 0;
+  std::vector<double> size_h, size_w;
+  plan(h, output_size.h, &sh, &size_h);
+  plan(w, output_size.w, &sw, &size_w);
+  const int64_t oh = output_size.h, ow = output_size.w;
+  Shape domain{x.size(0), x.size(1), oh, ow, sh, sw};
+  Tensor win = reindex(x, domain,
+                       {var(0), var(1), floordiv(var(2) * cst(h), cst(oh)) + var(4),
+                        floordiv(var(3) * cst(w), cst(ow)) + var(5)},
+                       0, {}, false, op);
+  std::vector<uint8_t> inside(static_cast<size_t>(oh * ow * sh * sw));
+  std::vector<double> area(static_cast<size_t>(oh * ow));
+  for (int64_t i = 0; i < oh; ++i)
+    for (int64_t j = 0; j < ow; ++j) {
+      area[static_cast<size_t>(i * ow + j)] = size_h[i] * size_w[j];
+      for (int64_t a = 0; a < sh; ++a)
+        for (int64_t b = 0; b < sw; ++b)
+          inside[static_cast<size_t>(((i * ow + j) * sh + a) * sw + b)] =
+              a < size_h[i] && b < size_w[j];
+    }
+  Tensor mask = cast(from_vector(inside, {oh, ow, sh, sw}), DType::Bool);
+  Tensor sums = sum(where(mask, win, 0.0), {4, 5});
+  return restore_batch(sums / cast(from_vector(area, {oh, ow}), x.dtype()), input);
+}
+
+Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& running_var,
+                  const Tensor& weight, const Tensor& bias, bool training, double momentum,
+                  double eps) {
+  const char* op = "batch_norm";
+  require_defined(x, op, "input");
+  require_floating(x, op, "input");
+  if (x.ndim() < 2)
+    throw ShapeError("[batch_norm] expected an input [N, C, *], got " + describe(x));
+  const int64_t c = x.size(1);
+  for (const Tensor* t : {&running_mean, &running_var, &weight, &bias}) {
+    if (!t->defined()) continue;
+    require_same_dtype(x, *t, op, "parameter");
+    if (t->shape() != Shape{c}) {
+      throw ShapeError("[batch_norm] expected statistics and affine parameters of shape [" +
+                       std::to_string(c) + "] for input " + describe(x) + ", got " + describe(*t));
+    }
+  }
+  // [C] vectors broadcast against x as [C, 1, ..., 1].
+  Shape per_channel(static_cast<size_t>(x.ndim() - 1), 1);
+  per_channel[0] = c;
+  auto channel = [&](const Tensor& v) { return reshape(v, per_channel); };
+  Tensor mean_c, var_c;
+  if (training) {
+    const int64_t count = x.numel() / std::max<int64_t>(c, 1);
+    if (count <= 1) {
+      throw ValueError(
+          "[batch_norm] expected more than 1 value per channel when training, got input " +
+          describe(x));
+    }
+    // Statistics over [C, everything else] so the reduction runs over a trailing block.
+    std::vector<int64_t> perm{1, 0};
+    for (int d = 2; d < x.ndim(); ++d) perm.push_back(d);
+    Tensor xc = flatten(permute(x, perm), 1);
+    mean_c = mean(xc, 1);
+    Tensor centred = xc - unsqueeze(mean_c, 1);
+    var_c = mean(centred * centred, 1);
+    if (running_mean.defined() && running_var.defined()) {
+      NoGradGuard no_grad;
+      double unbias = static_cast<double>(count) / static_cast<double>(count - 1);
+      Tensor rm = running_mean, rv = running_var;
+      rm.assign(running_mean * (1.0 - momentum) + mean_c.detach() * momentum);
+      rv.assign(running_var * (1.0 - momentum) + var_c.detach() * (momentum * unbias));
+    }
+  } else {
+    if (!running_mean.defined() || !running_var.defined()) {
+      throw ValueError("[batch_norm] evaluation mode needs running_mean and running_var");
+    }
+    mean_c = running_mean;
+    var_c = running_var;
+  }
+  Tensor scale = rsqrt(var_c + eps);
+  if (weight.defined()) scale = scale * weight;
+  Tensor y = (x - channel(mean_c)) * channel(scale);
+  if (bias.defined()) y = y + channel(bias);
+  return y;
+}
+
+Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& weight,
+                  const Tensor& bias, double eps) {
+  const char* op = "layer_norm";
+  require_defined(x, op, "input");
+  require_floating(x, op, "input");
+  const auto k = static_cast<int64_t>(normalized_shape.size());
+  bool fits = k >= 1 && x.ndim() >= k;
+  for (int64_t d = 0; fits && d < k; ++d) fits = x.shape()[x.ndim() - k + d] == normalized_shape[d];
+  if (!fits) {
+    throw ShapeError("[layer_norm] expected input with trailing dimensions " +
+                     shape_str(normalized_shape) + " (normalized_shape), got " + describe(x));
+  }
+  for (const Tensor* t : {&weight, &bias}) {
+    if (!t->defined()) continue;
+    require_same_dtype(x, *t, op, "parameter");
+    if (t->shape() != normalized_shape) {
+      throw ShapeError("[layer_norm] expected weight and bias of shape " +
+                       shape_str(normalized_shape) + ", got " + describe(*t));
+    }
+  }
+  std::vector<int64_t> axes;
+  for (int64_t d = x.ndim() - k; d < x.ndim(); ++d) axes.push_back(d);
+  Tensor mu = mean(x, axes, true);
+  Tensor centred = x - mu;
+  Tensor y = centred * rsqrt(mean(centred * centred, axes, true) + eps);
+  if (weight.defined()) y = y * weight;
+  if (bias.defined()) y = y + bias;
+  return y;
+}
+
+Tensor embedding(const Tensor& indices, const Tensor& weight, std::optional<int64_t> padding_idx) {
+  const char* op = "embedding";
+  require_defined(indices, op, "indices");
+  require_defined(weight, op, "weight");
+  if (!is_integer(indices.dtype())) {
+    throw DTypeError("[embedding] expected integer indices, got " + describe(indices));
+  }
+  if (weight.ndim() != 2) {
+    throw ShapeError("[embedding] expected a weight [num_embeddings, embedding_dim], got " +
+                     describe(weight));
+  }
+  const int64_t num = weight.size(0), dim = weight.size(1);
+  const int r = indices.ndim();
+  Shape out = indices.shape();
+  out.push_back(dim);
+  std::vector<IndexExpr> at;
+  for (int d = 0; d < r; ++d) at.push_back(var(d));
+  std::vector<IndexExpr> map{IndexExpr::load(1, at), var(r)};
+  Tensor rows = reindex(weight, out, map, 0, {indices}, true, op);
+  if (!padding_idx) return rows;
+  int64_t pad = *padding_idx < 0 ? *padding_idx + num : *padding_idx;
+  if (pad < 0 || pad >= num) {
+    throw ValueError("[embedding] padding_idx " + std::to_string(*padding_idx) +
+                     " is out of range for " + std::to_string(num) + " embeddings");
+  }
+  // The padding row is read from a detached weight, so no gradient reaches it.
+  Tensor frozen = reindex(weight.detach(), out, map, 0, {indices}, true, op);
+  return where(unsqueeze(indices == pad, -1), frozen, rows);
+}
+
+Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v,
+                                    const Tensor& attn_mask, double dropout_p, bool is_causal,
+                                    std::optional<double> scale, Tensor* weights) {
+  const char* op = "scaled_dot_product_attention";
+  require_defined(q, op, "query");
+  require_defined(k, op, "key");
+  require_defined(v, op, "value");
+  require_floating(q, op, "query");
+  require_same_dtype(q, k, op, "key");
+  require_same_dtype(q, v, op, "value");
+  bool ok = q.ndim() >= 2 && k.ndim() == q.ndim() && v.ndim() == q.ndim();
+  for (int d = 0; ok && d < q.ndim() - 2; ++d)
+    ok = q.shape()[d] == k.shape()[d] && q.shape()[d] == v.shape()[d];
+  ok = ok && q.size(-1) == k.size(-1) && k.size(-2) == v.size(-2);
+  if (!ok) {
+    throw ShapeError(
+        "[scaled_dot_product_attention] expected query [..., L, E], key [..., S, E] and value "
+        "[..., S, Ev] with equal leading dimensions, got " +
+        describe(q) + ", " + describe(k) + " and " + describe(v));
+  }
+  const int64_t l = q.size(-2), s = k.size(-2);
+  double sc = scale.value_or(1.0 / std::sqrt(static_cast<double>(q.size(-1))));
+  Tensor scores = matmul(q * sc, transpose(k, -2, -1));
+  if (attn_mask.defined()) {
+    Shape want = scores.shape();
+    broadcast_shapes(op, attn_mask.shape(), want);
+    if (attn_mask.dtype() == DType::Bool) {
+      scores = where(attn_mask, scores, -INFINITY);
+    } else {
+      require_same_dtype(q, attn_mask, op, "attn_mask");
+      scores = scores + attn_mask;
+    }
+  }
+  if (is_causal) scores = where(index({l, s}, 1) <= index({l, s}, 0), scores, -INFINITY);
+  Tensor p = dropout(stable_softmax(scores, -1), dropout_p, dropout_p > 0.0);
+  if (weights) *weights = p;
+  return matmul(p, v);
+}
+
+}  // namespace functional
+}  // namespace kiln::nn

@@ -1,0 +1,208 @@
+#include "loss.h"
+
+#include "../../ops/elementwise.h"
+#include "../../ops/reduce_ops.h"
+#include "../../ops/reindex.h"
+#include "../../ops/shape_ops.h"
+#include "detail.h"
+#include "functional.h"
+
+namespace kiln::nn {
+
+using detail::describe;
+
+namespace {
+
+Tensor reduce(const Tensor& loss, Reduction reduction) {
+  switch (reduction) {
+    case Reduction::None:
+      return loss;
+    case Reduction::Sum:
+      return sum(loss);
+    case Reduction::Mean:
+      return mean(loss);
+  }
+  return loss;
+}
+
+// The class axis of an input and the shape integer targets must have: [N, C, d...] -> 1 and
+// [N, d...]; unbatched [C] -> 0 and [].
+int class_axis(const Tensor& input) { return input.ndim() == 1 ? 0 : 1; }
+
+Shape index_target_shape(const Tensor& input) {
+  Shape s = input.shape();
+  s.erase(s.begin() + class_axis(input));
+  return s;
+}
+
+void check_input(const Tensor& input, const char* op) {
+  detail::require_floating(input, op, "input");
+  if (input.ndim() < 1) {
+    throw ShapeError(std::string("[") + op +
+                     "] expected input [N, C], [N, C, d1, ...] or [C], got " + describe(input));
+  }
+}
+
+void check_weight(const Tensor& weight, const Tensor& input, const char* op) {
+  if (!weight.defined()) return;
+  detail::require_same_dtype(input, weight, op, "class weight");
+  int64_t c = input.size(class_axis(input));
+  if (weight.shape() != Shape{c}) {
+    throw ShapeError(std::string("[") + op + "] expected class weights of shape [" +
+                     std::to_string(c) + "] for input " + describe(input) + ", got " +
+                     describe(weight));
+  }
+}
+
+// [C] -> shaped to broadcast along the class axis of `input`.
+Tensor along_classes(const Tensor& v, const Tensor& input) {
+  Shape s(static_cast<size_t>(input.ndim()), 1);
+  s[class_axis(input)] = v.size(0);
+  return reshape(v, s);
+}
+
+// The loss of log-probabilities at integer targets (nll_loss), with smoothing when given.
+Tensor indexed_loss(const Tensor& logp, const Tensor& target, const CrossEntropyOptions& o,
+                    const char* op) {
+  Shape want = index_target_shape(logp);
+  if (target.shape() != want) {
+    throw ShapeError(std::string("[") + op + "] expected class-index targets of shape " +
+                     shape_str(want) + " for input " + describe(logp) + ", got " +
+                     describe(target));
+  }
+  const int axis = class_axis(logp);
+  Tensor valid = target != o.ignore_index;
+  // Ignored positions read class 0, which always exists; their terms are masked below. Any
+  // other index out of range raises IndexError from the gather.
+  Tensor safe = where(valid, cast(target, DType::Int64), static_cast<int64_t>(0));
+  Tensor picked = squeeze(gather(logp, axis, unsqueeze(safe, axis)), axis);
+  Tensor target_weight =
+      o.weight.defined()
+          ? where(valid, reshape(index_select(o.weight, 0, flatten(safe)), want), 0.0)
+          : cast(valid, logp.dtype());
+  // where(), not a product with the zero weight: class 0 may have log-probability -inf.
+  Tensor nll = where(valid, -picked * target_weight, 0.0);
+  Tensor loss = nll;
+  if (o.label_smoothing > 0.0) {
+    Tensor per_class = o.weight.defined() ? logp * along_classes(o.weight, logp) : logp;
+    Tensor smooth = where(valid, -sum(per_class, axis), 0.0);
+    const double c = static_cast<double>(logp.size(axis));
+    loss = nll * (1.0 - o.label_smoothing) + smooth * (o.label_smoothing / c);
+  }
+  if (o.reduction == Reduction::Mean) return sum(loss) / sum(target_weight);
+  return reduce(loss, o.reduction);
+}
+
+void check_options(const CrossEntropyOptions& o, const char* op) {
+  if (!(o.label_smoothing >= 0.0 && o.label_smoothing <= 1.0)) {
+    throw ValueError(std::string("[") + op + "] label_smoothing must be in [0, 1], got " +
+                     detail::num(o.label_smoothing));
+  }
+}
+
+void check_same_shape(const Tensor& input, const Tensor& target, const char* op) {
+  detail::require_floating(input, op, "input");
+  detail::require_same_dtype(input, target, op, "target");
+  if (input.shape() != target.shape()) {
+    throw ShapeError(std::string("[") + op + "] expected target with the input's shape " +
+                     shape_str(input.shape()) + ", got " + describe(target) +
+                     "; reshape one of them (broadcasting here is almost always a bug)");
+  }
+}
+
+}  // namespace
+
+Tensor cross_entropy(const Tensor& input, const Tensor& target, const CrossEntropyOptions& o) {
+  const char* op = "cross_entropy";
+  check_input(input, op);
+  detail::require_defined(target, op, "target");
+  check_options(o, op);
+  check_weight(o.weight, input, op);
+  Tensor logp = F::stable_log_softmax(input, class_axis(input));
+  if (is_floating(target.dtype())) {
+    if (target.shape() != input.shape()) {
+      throw DTypeError("[cross_entropy] expected integer class indices of shape " +
+                       shape_str(index_target_shape(input)) +
+                       " (or class probabilities of the input's shape " + shape_str(input.shape()) +
+                       "), got " + describe(target));
+    }
+    detail::require_same_dtype(input, target, op, "target probabilities");
+    const int axis = class_axis(input);
+    const double c = static_cast<double>(input.size(axis));
+    Tensor p = o.label_smoothing > 0.0 ? target * (1.0 - o.label_smoothing) + o.label_smoothing / c
+                                       : target;
+    Tensor per_class = logp * p;
+    if (o.weight.defined()) per_class = per_class * along_classes(o.weight, input);
+    Tensor loss = -sum(per_class, axis);
+    return reduce(loss, o.reduction);
+  }
+  if (!is_integer(target.dtype())) {
+    throw DTypeError("[cross_entropy] expected integer class indices, got " + describe(target));
+  }
+  return indexed_loss(logp, target, o, op);
+}
+
+Tensor nll_loss(const Tensor& input, const Tensor& target, const CrossEntropyOptions& o) {
+  const char* op = "nll_loss";
+  check_input(input, op);
+  detail::require_defined(target, op, "target");
+  check_weight(o.weight, input, op);
+  if (o.label_smoothing != 0.0) {
+    throw ValueError("[nll_loss] label_smoothing is a cross_entropy option; got " +
+                     detail::num(o.label_smoothing));
+  }
+  if (!is_integer(target.dtype())) {
+    throw DTypeError("[nll_loss] expected integer class indices, got " + describe(target));
+  }
+  return indexed_loss(input, target, o, op);
+}
+
+Tensor mse_loss(const Tensor& input, const Tensor& target, Reduction reduction) {
+  check_same_shape(input, target, "mse_loss");
+  Tensor d = input - target;
+  return reduce(d * d, reduction);
+}
+
+Tensor l1_loss(const Tensor& input, const Tensor& target, Reduction reduction) {
+  check_same_shape(input, target, "l1_loss");
+  return reduce(abs(input - target), reduction);
+}
+
+Tensor smooth_l1_loss(const Tensor& input, const Tensor& target, Reduction reduction, double beta) {
+  check_same_shape(input, target, "smooth_l1_loss");
+  if (!(beta >= 0.0))
+    throw ValueError("[smooth_l1_loss] beta must be >= 0, got " + detail::num(beta));
+  Tensor d = abs(input - target);
+  if (beta == 0.0) return reduce(d, reduction);
+  return reduce(where(d < beta, d * d * (0.5 / beta), d - 0.5 * beta), reduction);
+}
+
+Tensor binary_cross_entropy_with_logits(const Tensor& input, const Tensor& target,
+                                        const BCEWithLogitsOptions& o) {
+  const char* op = "binary_cross_entropy_with_logits";
+  check_same_shape(input, target, op);
+  // log(1 + e^-|x|) + max(-x, 0) is log(1 + e^-x) without overflow for either sign of x.
+  Tensor softplus_neg = log1p(exp(-abs(input))) + relu(-input);
+  Tensor loss;
+  if (o.pos_weight.defined()) {
+    detail::require_same_dtype(input, o.pos_weight, op, "pos_weight");
+    if (input.ndim() < 1 || o.pos_weight.ndim() != 1 || o.pos_weight.size(0) != input.size(-1)) {
+      throw ShapeError("[binary_cross_entropy_with_logits] expected pos_weight of shape [" +
+                       std::to_string(input.ndim() ? input.size(-1) : 0) +
+                       "] (one per class, the last dimension of " + describe(input) + "), got " +
+                       describe(o.pos_weight));
+    }
+    Tensor log_weight = (o.pos_weight - 1.0) * target + 1.0;
+    loss = (1.0 - target) * input + log_weight * softplus_neg;
+  } else {
+    loss = (1.0 - target) * input + softplus_neg;
+  }
+  if (o.weight.defined()) {
+    detail::require_same_dtype(input, o.weight, op, "weight");
+    broadcast_to(o.weight, input.shape(), op);
+    loss = loss * o.weight;
+  }
+  return reduce(loss, o.reduction);
+}
+
+}  // namespace kiln::nn

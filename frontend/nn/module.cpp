@@ -1,0 +1,239 @@
+#include "module.h"
+
+#include <ostream>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "../../ops/elementwise.h"
+#include "../../ops/sources.h"
+
+namespace kiln::nn {
+namespace {
+
+std::string describe(const Tensor& t) {
+  return std::string(dtype_name(t.dtype())) + shape_str(t.shape());
+}
+
+std::string join(const std::vector<std::string>& items) {
+  std::string s;
+  for (size_t i = 0; i < items.size(); ++i) s += (i ? ", " : "") + ("\"" + items[i] + "\"");
+  return s;
+}
+
+// An independent copy of `value`'s data: loading must not make the module's parameter and
+// the caller's dict share one node, or marking the parameter as a leaf (and later gradient
+// accumulation) would reach the caller's tensor too.
+Tensor fresh_copy(const Tensor& value) {
+  value.eval();
+  return from_data(value.raw_data(), value.shape(), value.dtype());
+}
+
+}  // namespace
+
+Module::Module(std::string name) : name_(std::move(name)) {}
+
+void Module::check_new_name(const std::string& name, const char* what) const {
+  if (name.empty() || name.find('.') != std::string::npos) {
+    throw ValueError("[" + name_ + "] " + what + " name \"" + name +
+                     "\" is invalid; expected a non-empty name without '.'");
+  }
+  auto taken = [&](const auto& list) {
+    for (const auto& [n, _] : list)
+      if (n == name) return true;
+    return false;
+  };
+  if (taken(parameters_) || taken(buffers_) || taken(children_)) {
+    throw ValueError("[" + name_ + "] cannot register " + what + " \"" + name +
+                     "\": the name is already used by a parameter, buffer or submodule");
+  }
+}
+
+Tensor Module::register_parameter(const std::string& name, Tensor value, bool requires_grad) {
+  check_new_name(name, "parameter");
+  if (!value.defined()) {
+    throw ValueError("[" + name_ + "] parameter \"" + name + "\" is undefined");
+  }
+  if (requires_grad) value.requires_grad_();
+  parameters_.emplace_back(name, value);
+  return value;
+}
+
+Tensor Module::register_buffer(const std::string& name, Tensor value) {
+  check_new_name(name, "buffer");
+  if (!value.defined()) throw ValueError("[" + name_ + "] buffer \"" + name + "\" is undefined");
+  buffers_.emplace_back(name, value);
+  return value;
+}
+
+void Module::add_child(const std::string& name, std::shared_ptr<Module> module) {
+  check_new_name(name, "submodule");
+  if (!module) throw ValueError("[" + name_ + "] submodule \"" + name + "\" is null");
+  children_.emplace_back(name, std::move(module));
+}
+
+void Module::replace_tensor(const std::string& name, Tensor value) {
+  for (auto* list : {&parameters_, &buffers_}) {
+    for (auto& [n, t] : *list) {
+      if (n == name) {
+        t = std::move(value);
+        return;
+      }
+    }
+  }
+  throw ValueError("[" + name_ + "] replace_tensor: no parameter or buffer named \"" + name + "\"");
+}
+
+void Module::collect(const std::string& prefix, bool recurse, bool params,
+                     std::vector<std::pair<std::string, Tensor>>& out) const {
+  for (const auto& [n, t] : params ? parameters_ : buffers_) out.emplace_back(prefix + n, t);
+  if (!recurse) return;
+  for (const auto& [n, child] : children_) child->collect(prefix + n + ".", true, params, out);
+}
+
+std::vector<std::pair<std::string, Tensor>> Module::named_parameters(bool recurse) const {
+  std::vector<std::pair<std::string, Tensor>> all, unique;
+  collect("", recurse, true, all);
+  // A tied parameter (one node registered twice) is listed once, under its first name, so
+  // that an optimizer does not step it twice.
+  std::unordered_set<const Node*> seen;
+  for (auto& item : all)
+    if (seen.insert(item.second.node().get()).second) unique.push_back(std::move(item));
+  return unique;
+}
+
+std::vector<Tensor> Module::parameters(bool recurse) const {
+  std::vector<Tensor> out;
+  for (auto& [_, t] : named_parameters(recurse)) out.push_back(t);
+  return out;
+}
+
+std::vector<std::pair<std::string, Tensor>> Module::named_buffers(bool recurse) const {
+  std::vector<std::pair<std::string, Tensor>> out;
+  collect("", recurse, false, out);
+  return out;
+}
+
+std::vector<Tensor> Module::buffers(bool recurse) const {
+  std::vector<Tensor> out;
+  for (auto& [_, t] : named_buffers(recurse)) out.push_back(t);
+  return out;
+}
+
+std::vector<std::pair<std::string, std::shared_ptr<Module>>> Module::named_children() const {
+  return children_;
+}
+
+std::vector<std::pair<std::string, std::shared_ptr<Module>>> Module::named_modules() const {
+  std::vector<std::pair<std::string, std::shared_ptr<Module>>> out;
+  for (const auto& [n, child] : children_) {
+    out.emplace_back(n, child);
+    for (auto& [sub, m] : child->named_modules()) out.emplace_back(n + "." + sub, m);
+  }
+  return out;
+}
+
+void Module::train(bool on) {
+  training_ = on;
+  for (auto& [_, child] : children_) child->train(on);
+}
+
+StateDict Module::state_dict() const {
+  StateDict dict;
+  std::vector<std::pair<std::string, Tensor>> all;
+  collect("", true, true, all);
+  collect("", true, false, all);
+  for (auto& [n, t] : all) dict.emplace(n, t);
+  return dict;
+}
+
+void Module::load_state_dict(const StateDict& dict, bool strict) {
+  StateDict own = state_dict();
+  std::vector<std::string> missing, unexpected, mismatched;
+  bool shape_mismatch = false;
+  for (const auto& [n, t] : own) {
+    auto it = dict.find(n);
+    if (it == dict.end()) {
+      missing.push_back(n);
+      continue;
+    }
+    const Tensor& v = it->second;
+    if (!v.defined()) {
+      mismatched.push_back("\"" + n + "\" is undefined in the state_dict");
+      continue;
+    }
+    bool shape_ok = v.shape() == t.shape(), dtype_ok = v.dtype() == t.dtype();
+    if (!shape_ok || !dtype_ok) {
+      shape_mismatch = shape_mismatch || !shape_ok;
+      mismatched.push_back("\"" + n + "\": expected " + describe(t) + ", got " + describe(v));
+    }
+  }
+  for (const auto& [n, _] : dict)
+    if (!own.count(n)) unexpected.push_back(n);
+
+  bool fail = !mismatched.empty() || (strict && (!missing.empty() || !unexpected.empty()));
+  if (fail) {
+    std::string msg = "[" + name_ + "::load_state_dict] error(s) loading the state_dict:";
+    if (strict && !missing.empty()) msg += " missing keys: " + join(missing) + ";";
+    if (strict && !unexpected.empty()) msg += " unexpected keys: " + join(unexpected) + ";";
+    if (!mismatched.empty()) {
+      msg += " shape/dtype mismatch for";
+      for (size_t i = 0; i < mismatched.size(); ++i) msg += (i ? ", " : " ") + mismatched[i];
+      msg += ";";
+    }
+    msg.pop_back();
+    if (shape_mismatch) throw ShapeError(msg);
+    if (!mismatched.empty()) throw DTypeError(msg);
+    throw ValueError(msg);
+  }
+  NoGradGuard no_grad;
+  for (auto& [n, t] : own) {
+    auto it = dict.find(n);
+    if (it != dict.end()) t.assign(fresh_copy(it->second));
+  }
+}
+
+void Module::to(DType dtype) {
+  NoGradGuard no_grad;
+  std::vector<std::pair<std::string, Tensor>> all;
+  collect("", true, true, all);
+  collect("", true, false, all);
+  // Tied tensors (two handles on one node) get the same cast value, so they stay tied.
+  std::unordered_map<const Node*, Tensor> cast_of;
+  for (auto& [_, t] : all) {
+    if (!is_floating(t.dtype()) || t.dtype() == dtype) continue;
+    auto [it, fresh] = cast_of.try_emplace(t.node().get());
+    if (fresh) it->second = cast(t, dtype);
+    t.set_data(it->second);
+  }
+}
+
+void Module::zero_grad() {
+  for (Tensor& p : parameters()) p.set_grad(Tensor());
+}
+
+int64_t Module::num_parameters() const {
+  int64_t n = 0;
+  for (const Tensor& p : parameters()) n += p.numel();
+  return n;
+}
+
+void Module::print(std::ostream& os, int indent) const {
+  os << name_ << "(" << extra_repr();
+  if (!children_.empty()) {
+    os << "\n";
+    for (const auto& [n, child] : children_) {
+      os << std::string(static_cast<size_t>(indent + 2), ' ') << "(" << n << "): ";
+      child->print(os, indent + 2);
+      os << "\n";
+    }
+    os << std::string(static_cast<size_t>(indent), ' ');
+  }
+  os << ")";
+}
+
+std::ostream& operator<<(std::ostream& os, const Module& m) {
+  m.print(os, 0);
+  return os;
+}
+
+}  // namespace kiln::nn

@@ -1,0 +1,114 @@
+#pragma once
+// kiln::nn::Module: a tree of named parameters, buffers and submodules, in the manner of
+// torch.nn.Module. Parameters are Tensor handles: every copy (the module's member, the
+// vector parameters() returns, an optimizer's list) shares one handle, so an update made
+// through assign() on any copy is seen by the module.
+#include <iosfwd>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "../../core/tensor.h"
+#include "../state_dict.h"
+
+namespace kiln::nn {
+
+/// Base of every layer. Modules are held through std::shared_ptr (see make()).
+class Module {
+ public:
+  /// `name` is the module's type name used in messages and printing ("Linear").
+  explicit Module(std::string name);
+  virtual ~Module() = default;
+  Module(const Module&) = delete;
+  Module& operator=(const Module&) = delete;
+
+  /// The type name given at construction ("Linear", "Conv2d", ...).
+  const std::string& name() const { return name_; }
+
+  /// Registers `value` as a trainable parameter (a leaf with requires_grad_() when
+  /// `requires_grad`) and returns a copy that shares its handle.
+  Tensor register_parameter(const std::string& name, Tensor value, bool requires_grad = true);
+  /// Registers a buffer: state saved in state_dict() but not trained (running statistics).
+  Tensor register_buffer(const std::string& name, Tensor value);
+  /// Registers a submodule under `name`; its parameters appear as "name.param".
+  template <typename M>
+  std::shared_ptr<M> register_module(const std::string& name, std::shared_ptr<M> module) {
+    add_child(name, module);
+    return module;
+  }
+  /// Replaces the tensor of a registered parameter or buffer by another handle (libtorch's
+  /// `register_parameter` on an existing name); used when a layer rebinds a member.
+  void replace_tensor(const std::string& name, Tensor value);
+
+  /// All parameters (recursively, registration order): copies sharing the module's handles.
+  std::vector<Tensor> parameters(bool recurse = true) const;
+  /// Parameters with dotted names ("layers.0.weight").
+  std::vector<std::pair<std::string, Tensor>> named_parameters(bool recurse = true) const;
+  /// All buffers (recursively).
+  std::vector<Tensor> buffers(bool recurse = true) const;
+  /// Buffers with dotted names.
+  std::vector<std::pair<std::string, Tensor>> named_buffers(bool recurse = true) const;
+  /// Direct submodules in registration order.
+  std::vector<std::pair<std::string, std::shared_ptr<Module>>> named_children() const;
+  /// Every submodule below this one (depth first), with dotted names.
+  std::vector<std::pair<std::string, std::shared_ptr<Module>>> named_modules() const;
+
+  /// Sets training mode on this module and every submodule (affects Dropout, BatchNorm).
+  void train(bool on = true);
+  /// train(false).
+  void eval() { train(false); }
+  bool is_training() const { return training_; }
+
+  /// Parameters and buffers by dotted name; the tensors share the module's handles.
+  StateDict state_dict() const;
+  /// Copies the values of `dict` into the parameters and buffers. Every missing key,
+  /// unexpected key and shape/dtype mismatch is reported in one error (ValueError, or
+  /// ShapeError/DTypeError when mismatches are present); nothing is loaded on error. With
+  /// `strict` false, missing and unexpected keys are ignored but mismatches still throw.
+  void load_state_dict(const StateDict& dict, bool strict = true);
+
+  /// Casts every floating parameter and buffer to `dtype` (integer buffers keep theirs).
+  void to(DType dtype);
+  /// Clears the accumulated gradients of every parameter.
+  void zero_grad();
+  /// Total number of elements over all parameters.
+  int64_t num_parameters() const;
+
+  /// The layer's settings for printing, e.g. "in_features=4, out_features=2, bias=true".
+  virtual std::string extra_repr() const { return {}; }
+
+ private:
+  void add_child(const std::string& name, std::shared_ptr<Module> module);
+  void check_new_name(const std::string& name, const char* what) const;
+  void collect(const std::string& prefix, bool recurse, bool params,
+               std::vector<std::pair<std::string, Tensor>>& out) const;
+  friend std::ostream& operator<<(std::ostream& os, const Module& m);
+  void print(std::ostream& os, int indent) const;
+
+  std::string name_;
+  bool training_ = true;
+  std::vector<std::pair<std::string, Tensor>> parameters_;
+  std::vector<std::pair<std::string, Tensor>> buffers_;
+  std::vector<std::pair<std::string, std::shared_ptr<Module>>> children_;
+};
+
+/// A module whose forward maps one tensor to one tensor; Sequential chains these.
+class UnaryModule : public Module {
+ public:
+  using Module::Module;
+  /// Computes the module's output (builds graph; nothing runs).
+  virtual Tensor forward(const Tensor& x) = 0;
+  Tensor operator()(const Tensor& x) { return forward(x); }
+};
+
+/// std::make_shared<T>(args...): kiln modules live behind shared pointers.
+template <typename T, typename... Args>
+std::shared_ptr<T> make(Args&&... args) {
+  return std::make_shared<T>(std::forward<Args>(args)...);
+}
+
+/// Prints the module tree as PyTorch does: "Sequential(\n  (0): Linear(in_features=...)...".
+std::ostream& operator<<(std::ostream& os, const Module& m);
+
+}  // namespace kiln::nn

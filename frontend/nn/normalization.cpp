@@ -1,0 +1,106 @@
+#include "normalization.h"
+
+#include "../../ops/sources.h"
+#include "detail.h"
+#include "functional.h"
+
+namespace kiln::nn {
+
+using detail::describe;
+
+BatchNorm::BatchNorm(std::string name, int64_t features, double eps_, double momentum_,
+                     bool affine_, bool track, int min_rank, int max_rank)
+    : UnaryModule(std::move(name)),
+      num_features(features),
+      eps(eps_),
+      momentum(momentum_),
+      affine(affine_),
+      track_running_stats(track),
+      min_rank_(min_rank),
+      max_rank_(max_rank) {
+  detail::require_positive(features, this->name(), "num_features");
+  if (!(eps > 0))
+    throw ValueError("[" + this->name() + "] eps must be > 0, got " + detail::num(eps));
+  if (!(momentum >= 0 && momentum <= 1)) {
+    throw ValueError("[" + this->name() + "] momentum must be in [0, 1], got " +
+                     detail::num(momentum));
+  }
+  if (affine) {
+    weight = register_parameter("weight", ones({features}));
+    bias = register_parameter("bias", zeros({features}));
+  }
+  if (track) {
+    running_mean = register_buffer("running_mean", zeros({features}));
+    running_var = register_buffer("running_var", ones({features}));
+    num_batches_tracked = register_buffer("num_batches_tracked", zeros({}, DType::Int64));
+  }
+}
+
+Tensor BatchNorm::forward(const Tensor& x) {
+  detail::require_defined(x, name(), "input");
+  if (x.ndim() < min_rank_ || x.ndim() > max_rank_ || x.size(1) != num_features) {
+    std::string want = min_rank_ == max_rank_
+                           ? "[N, " + std::to_string(num_features) + ", H, W]"
+                           : "[N, " + std::to_string(num_features) + "] or [N, " +
+                                 std::to_string(num_features) + ", L]";
+    throw ShapeError("[" + name() + "] expected input " + want + " (num_features " +
+                     std::to_string(num_features) + "), got " + describe(x));
+  }
+  if (!is_floating(x.dtype())) {
+    throw DTypeError("[" + name() + "] expected a floating-point input, got " + describe(x));
+  }
+  if (affine) detail::require_layer_input(x, name(), weight.dtype());
+  if (track_running_stats) detail::require_layer_input(x, name(), running_mean.dtype());
+  if (is_training() && track_running_stats) {
+    NoGradGuard no_grad;
+    num_batches_tracked.assign(num_batches_tracked + 1);
+  }
+  // Without running statistics (untracked) even eval mode normalises by the batch; in
+  // training the functional updates the running statistics through assign().
+  return F::batch_norm(x, running_mean, running_var, weight, bias,
+                       is_training() || !track_running_stats, momentum, eps);
+}
+
+std::string BatchNorm::extra_repr() const {
+  return std::to_string(num_features) + ", eps=" + detail::num(eps) +
+         ", momentum=" + detail::num(momentum) + ", affine=" + (affine ? "true" : "false") +
+         ", track_running_stats=" + (track_running_stats ? "true" : "false");
+}
+
+LayerNorm::LayerNorm(Shape shape, double eps_, bool affine, bool with_bias)
+    : UnaryModule("LayerNorm"),
+      normalized_shape(std::move(shape)),
+      eps(eps_),
+      elementwise_affine(affine) {
+  if (normalized_shape.empty()) throw ValueError("[LayerNorm] normalized_shape must not be empty");
+  for (int64_t s : normalized_shape)
+    detail::require_positive(s, name(), "every normalized_shape size");
+  if (!(eps > 0)) throw ValueError("[LayerNorm] eps must be > 0, got " + detail::num(eps));
+  if (affine) {
+    weight = register_parameter("weight", ones(normalized_shape));
+    if (with_bias) bias = register_parameter("bias", zeros(normalized_shape));
+  }
+}
+
+Tensor LayerNorm::forward(const Tensor& x) {
+  detail::require_defined(x, name(), "input");
+  const auto k = static_cast<int64_t>(normalized_shape.size());
+  bool fits = x.ndim() >= k;
+  for (int64_t d = 0; fits && d < k; ++d) fits = x.shape()[x.ndim() - k + d] == normalized_shape[d];
+  if (!fits) {
+    throw ShapeError("[LayerNorm] expected input with trailing dimensions " +
+                     shape_str(normalized_shape) + " (normalized_shape), got " + describe(x));
+  }
+  if (!is_floating(x.dtype())) {
+    throw DTypeError("[LayerNorm] expected a floating-point input, got " + describe(x));
+  }
+  if (weight.defined()) detail::require_layer_input(x, name(), weight.dtype());
+  return F::layer_norm(x, normalized_shape, weight, bias, eps);
+}
+
+std::string LayerNorm::extra_repr() const {
+  return shape_str(normalized_shape) + ", eps=" + detail::num(eps) +
+         ", elementwise_affine=" + (elementwise_affine ? "true" : "false");
+}
+
+}  // namespace kiln::nn

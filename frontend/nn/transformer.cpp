@@ -1,0 +1,217 @@
+// Attention keeps the token rows of a batch as one 2-D matrix for the projections (so they
+// and their gradients are plain GEMMs) and copies each of q, k, v once into a
+// [N, heads, len, head_dim] layout for the two batched products.
+#include "transformer.h"
+
+#include <cmath>
+#include <limits>
+
+#include "../../ops/linalg.h"
+#include "../../ops/reindex.h"
+#include "../../ops/shape_ops.h"
+#include "../../ops/sources.h"
+#include "detail.h"
+#include "functional.h"
+#include "init.h"
+
+namespace kiln::nn {
+
+using detail::describe;
+using detail::stored;
+
+MultiheadAttention::MultiheadAttention(int64_t e, int64_t heads, double p, bool with_bias,
+                                       bool first)
+    : Module("MultiheadAttention"),
+      embed_dim(e),
+      num_heads(heads),
+      head_dim(heads > 0 ? e / heads : 0),
+      dropout(p),
+      batch_first(first) {
+  detail::require_positive(e, name(), "embed_dim");
+  detail::require_positive(heads, name(), "num_heads");
+  if (e % heads != 0) {
+    throw ValueError("[MultiheadAttention] embed_dim " + std::to_string(e) +
+                     " must be divisible by num_heads " + std::to_string(heads));
+  }
+  if (!(p >= 0.0 && p <= 1.0)) {
+    throw ValueError("[MultiheadAttention] dropout must be in [0, 1], got " + detail::num(p));
+  }
+  in_proj_weight = register_parameter("in_proj_weight", init::xavier_uniform({3 * e, e}));
+  if (with_bias) in_proj_bias = register_parameter("in_proj_bias", zeros({3 * e}));
+  out_proj = register_module("out_proj", std::make_shared<Linear>(e, e, with_bias));
+  if (with_bias) init::zeros_(out_proj->bias);
+}
+
+namespace {
+
+IndexExpr var(int d) { return IndexExpr::var(d); }
+IndexExpr cst(int64_t v) { return IndexExpr::constant(v); }
+
+}  // namespace
+
+AttentionOutput MultiheadAttention::forward(const Tensor& query, const Tensor& key,
+                                            const Tensor& value, const Tensor& key_padding_mask,
+                                            bool need_weights, const Tensor& attn_mask,
+                                            bool average_attn_weights, bool is_causal) {
+  const std::string& op = name();
+  const DType dtype = in_proj_weight.dtype();
+  for (const Tensor* t : {&query, &key, &value}) detail::require_layer_input(*t, op, dtype);
+  const bool unbatched = query.ndim() == 2;
+  const int rank = unbatched ? 2 : 3;
+  const char* layout = unbatched ? "[len, E]" : (batch_first ? "[N, len, E]" : "[len, N, E]");
+  auto bad_shapes = [&](const std::string& why) {
+    return ShapeError("[MultiheadAttention] expected query, key and value " + std::string(layout) +
+                      " with E = embed_dim " + std::to_string(embed_dim) + " and " + why +
+                      ", got query " + describe(query) + ", key " + describe(key) + ", value " +
+                      describe(value));
+  };
+  for (const Tensor* t : {&query, &key, &value}) {
+    if ((t->ndim() != 2 && t->ndim() != 3) || t->ndim() != rank || t->size(-1) != embed_dim) {
+      throw bad_shapes("equal ranks");
+    }
+  }
+  // Everything below is batch-agnostic on [len, N, E] or [N, len, E]; unbatched is N = 1.
+  auto batched = [&](const Tensor& t) { return unbatched ? unsqueeze(t, batch_first ? 0 : 1) : t; };
+  Tensor q_in = batched(query), k_in = batched(key), v_in = batched(value);
+  const int len_axis = batch_first ? 1 : 0, batch_axis = batch_first ? 0 : 1;
+  const int64_t n = q_in.size(batch_axis), l = q_in.size(len_axis), s = k_in.size(len_axis);
+  if (k_in.size(batch_axis) != n || v_in.size(batch_axis) != n)
+    throw bad_shapes("equal batch sizes");
+  if (v_in.size(len_axis) != s) throw bad_shapes("key and value of equal length");
+
+  const int64_t e = embed_dim, h = num_heads, d = head_dim;
+  // Token rows as [len * N, E] in the input's own order, stored so the projection is a GEMM.
+  auto rows = [&](const Tensor& t) { return stored(reshape(t, {-1, e})); };
+  auto weight_rows = [&](int64_t from, int64_t to) {
+    return from == 0 && to == 3 * e ? in_proj_weight : stored(slice(in_proj_weight, 0, from, to));
+  };
+  auto bias_rows = [&](int64_t from, int64_t to) {
+    return in_proj_bias.defined() ? slice(in_proj_bias, 0, from, to) : Tensor();
+  };
+  // Self-attention (one tensor for q, k and v) projects once with the packed weight; shared
+  // key/value (encoder memory) projects them together.
+  Tensor q2, k2, v2;
+  int64_t q_off = 0, k_off = 0, v_off = 0;
+  if (query.node() == key.node() && key.node() == value.node()) {
+    q2 = k2 = v2 = linear(rows(q_in), in_proj_weight, in_proj_bias);
+    k_off = e, v_off = 2 * e;
+  } else {
+    q2 = linear(rows(q_in), weight_rows(0, e), bias_rows(0, e));
+    if (key.node() == value.node()) {
+      k2 = v2 = linear(rows(k_in), weight_rows(e, 3 * e), bias_rows(e, 3 * e));
+      v_off = e;
+    } else {
+      k2 = linear(rows(k_in), weight_rows(e, 2 * e), bias_rows(e, 2 * e));
+      v2 = linear(rows(v_in), weight_rows(2 * e, 3 * e), bias_rows(2 * e, 3 * e));
+    }
+  }
+  // [rows, *] -> [N, heads, len, d]: row index of (batch b, position i) in the input order.
+  auto heads = [&](const Tensor& t, int64_t len, int64_t off) {
+    IndexExpr row = batch_first ? var(0) * cst(len) + var(2) : var(2) * cst(n) + var(0);
+    return reindex(t, {n, h, len, d}, {row, cst(off) + var(1) * cst(d) + var(3)}, 0, {}, false,
+                   "MultiheadAttention");
+  };
+  Tensor q = stored(heads(q2, l, q_off) * (1.0 / std::sqrt(static_cast<double>(d))));
+  Tensor k = stored(heads(k2, s, k_off));
+  Tensor v = stored(heads(v2, s, v_off));
+  Tensor scores = matmul(q, transpose(k, 2, 3));  // [N, h, L, S]
+
+  auto apply_mask = [&](const Tensor& mask, const Tensor& spread, const char* what) {
+    if (mask.dtype() == DType::Bool)
+      return where(spread, -std::numeric_limits<double>::infinity(), scores);
+    if (mask.dtype() != dtype) {
+      throw DTypeError("[MultiheadAttention] expected " + std::string(what) + " of dtype bool or " +
+                       std::string(dtype_name(dtype)) + ", got " + describe(mask));
+    }
+    return scores + spread;
+  };
+  if (attn_mask.defined()) {
+    Shape two{l, s}, three{n * h, l, s};
+    if (attn_mask.shape() == two) {
+      scores = apply_mask(attn_mask, attn_mask, "attn_mask");
+    } else if (attn_mask.shape() == three) {
+      scores = apply_mask(attn_mask, reshape(attn_mask, {n, h, l, s}), "attn_mask");
+    } else {
+      throw ShapeError("[MultiheadAttention] expected attn_mask of shape " + shape_str(two) +
+                       " or " + shape_str(three) + " [N*num_heads, L, S], got " +
+                       describe(attn_mask));
+    }
+  }
+  if (key_padding_mask.defined()) {
+    Shape want = unbatched ? Shape{s} : Shape{n, s};
+    if (key_padding_mask.shape() != want) {
+      throw ShapeError("[MultiheadAttention] expected key_padding_mask of shape " +
+                       shape_str(want) + " [N, S], got " + describe(key_padding_mask));
+    }
+    scores =
+        apply_mask(key_padding_mask, reshape(key_padding_mask, {n, 1, 1, s}), "key_padding_mask");
+  }
+  if (is_causal)
+    scores = where(index({l, s}, 1) > index({l, s}, 0), -std::numeric_limits<double>::infinity(),
+                   scores);
+  Tensor p = F::dropout(F::stable_softmax(scores, -1), dropout, is_training() && dropout > 0.0);
+  Tensor o = matmul(p, v);  // [N, h, L, d]
+  // Back to token rows [L*N, E] (input order), stored for the output projection's GEMM.
+  Tensor merged = reindex(
+      o, {l * n, e},
+      batch_first ? std::vector<IndexExpr>{floordiv(var(0), cst(l)), floordiv(var(1), cst(d)),
+                                           mod(var(0), cst(l)), mod(var(1), cst(d))}
+                  : std::vector<IndexExpr>{mod(var(0), cst(n)), floordiv(var(1), cst(d)),
+                                           floordiv(var(0), cst(n)), mod(var(1), cst(d))},
+      0, {}, false, "MultiheadAttention");
+  Tensor out = linear(stored(merged), out_proj->weight, out_proj->bias);
+  Shape out_shape = batch_first ? Shape{n, l, e} : Shape{l, n, e};
+  AttentionOutput result{reshape(out, out_shape), Tensor()};
+  if (unbatched) result.output = squeeze(result.output, batch_axis);
+  if (need_weights) {
+    result.weights = average_attn_weights ? mean(p, 1) : p;
+    if (unbatched) result.weights = squeeze(result.weights, 0);
+  }
+  return result;
+}
+
+std::string MultiheadAttention::extra_repr() const {
+  return "embed_dim=" + std::to_string(embed_dim) + ", num_heads=" + std::to_string(num_heads) +
+         ", dropout=" + detail::num(dropout) + ", batch_first=" + (batch_first ? "true" : "false");
+}
+
+TransformerEncoderLayer::TransformerEncoderLayer(int64_t d_model, int64_t nhead,
+                                                 int64_t dim_feedforward, double p, Activation act,
+                                                 double layer_norm_eps, bool batch_first,
+                                                 bool norm_first_, bool bias)
+    : UnaryModule("TransformerEncoderLayer"), activation(act), norm_first(norm_first_) {
+  detail::require_positive(dim_feedforward, name(), "dim_feedforward");
+  self_attn = register_module(
+      "self_attn", std::make_shared<MultiheadAttention>(d_model, nhead, p, bias, batch_first));
+  linear1 = register_module("linear1", std::make_shared<Linear>(d_model, dim_feedforward, bias));
+  dropout = register_module("dropout", std::make_shared<Dropout>(p));
+  linear2 = register_module("linear2", std::make_shared<Linear>(dim_feedforward, d_model, bias));
+  norm1 = register_module("norm1",
+                          std::make_shared<LayerNorm>(Shape{d_model}, layer_norm_eps, true, bias));
+  norm2 = register_module("norm2",
+                          std::make_shared<LayerNorm>(Shape{d_model}, layer_norm_eps, true, bias));
+  dropout1 = register_module("dropout1", std::make_shared<Dropout>(p));
+  dropout2 = register_module("dropout2", std::make_shared<Dropout>(p));
+}
+
+Tensor TransformerEncoderLayer::forward(const Tensor& src, const Tensor& src_mask,
+                                        const Tensor& src_key_padding_mask, bool is_causal) {
+  auto attend = [&](const Tensor& x) {
+    return dropout1->forward(
+        self_attn->forward(x, x, x, src_key_padding_mask, false, src_mask, true, is_causal).output);
+  };
+  auto feed_forward = [&](const Tensor& x) {
+    Tensor hidden = linear1->forward(x);
+    hidden = activation == Activation::GELU ? F::gelu(hidden) : relu(hidden);
+    return dropout2->forward(linear2->forward(dropout->forward(hidden)));
+  };
+  Tensor x = src;
+  if (norm_first) {
+    x = x + attend(norm1->forward(x));
+    return x + feed_forward(norm2->forward(x));
+  }
+  x = norm1->forward(x + attend(x));
+  return norm2->forward(x + feed_forward(x));
+}
+
+}  // namespace kiln::nn
