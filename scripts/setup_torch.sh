@@ -33,7 +33,7 @@ PY
 )
 # shellcheck disable=SC2086
 "$pip" install -q --disable-pip-version-check --no-deps $extra nvidia-cufile
-"$pip" install -q --disable-pip-version-check --no-deps typing_extensions sympy mpmath filelock networkx jinja2 MarkupSafe fsspec numpy
+"$pip" install -q --disable-pip-version-check --no-deps typing_extensions sympy mpmath filelock networkx jinja2 MarkupSafe fsspec numpy safetensors
 
 mkdir -p "$(dirname "$wrap")"
 cat >"$wrap" <<SH
