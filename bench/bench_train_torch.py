@@ -61,6 +61,20 @@ def main():
 
         return step
 
+    def lm_step(model, opt, vocab, batch, seq):
+        # One language-model step on fixed random tokens, as bench_train does.
+        x = torch.randint(0, vocab, (batch, seq))
+        y = torch.randint(0, vocab, (batch, seq))
+
+        def step():
+            opt.zero_grad()
+            loss = F.cross_entropy(model(x).reshape(-1, vocab), y.reshape(-1))
+            loss.backward()
+            opt.step()
+            return loss.item()
+
+        return step
+
     class CharLSTM(nn.Module):
         def __init__(self, vocab=128, embed=128, hidden=256):
             super().__init__()
@@ -74,18 +88,7 @@ def main():
 
     def lstm():
         model = CharLSTM()
-        opt = torch.optim.Adam(model.parameters(), lr=1e-3)
-        x = torch.randint(0, 128, (32, 64))
-        y = torch.randint(0, 128, (32, 64))
-
-        def step():
-            opt.zero_grad()
-            loss = F.cross_entropy(model(x).reshape(-1, 128), y.reshape(-1))
-            loss.backward()
-            opt.step()
-            return loss.item()
-
-        return step
+        return lm_step(model, torch.optim.Adam(model.parameters(), lr=1e-3), 128, 32, 64)
 
     class TinyGPT(nn.Module):
         def __init__(self, vocab=128, d=256, heads=4, layers=2, seq=128):
@@ -106,17 +109,7 @@ def main():
     def transformer():
         model = TinyGPT()
         opt = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.01)
-        x = torch.randint(0, 128, (16, 128))
-        y = torch.randint(0, 128, (16, 128))
-
-        def step():
-            opt.zero_grad()
-            loss = F.cross_entropy(model(x).reshape(-1, 128), y.reshape(-1))
-            loss.backward()
-            opt.step()
-            return loss.item()
-
-        return step
+        return lm_step(model, opt, 128, 16, 128)
 
     workloads = [("train_mlp_784_1024_1024_10_b128", mlp, 3),
                  ("train_lstm_h256_s64_b32", lstm, 2),

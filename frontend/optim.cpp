@@ -238,32 +238,21 @@ std::vector<std::string> SGD::state_names(size_t group) const {
 }
 
 void SGD::step() {
-  NoGradGuard no_grad;
-  for (size_t g = 0; g < num_param_groups(); ++g) {
-    const SGDOptions& o = options(g);
-    validate(o);
-    const std::vector<Tensor>& ps = params(g);
-    for (size_t k = 0; k < ps.size(); ++k) {
-      Tensor p = ps[k];
-      Tensor d = p.grad();
-      if (!d.defined()) continue;
-      ParamState& s = state(first_index(g) + k);
-      ++s.step;
-      if (o.weight_decay != 0) d = d + p * o.weight_decay;
-      if (o.momentum != 0) {
-        auto [it, fresh] = s.tensors.try_emplace("momentum_buffer");
-        Tensor& buf = it->second;
-        if (fresh || !buf.defined()) {
-          buf = own_handle(d);
-        } else {
-          buf.assign(o.dampening == 0 ? buf * o.momentum + d
-                                      : buf * o.momentum + d * (1 - o.dampening));
-        }
-        d = o.nesterov ? d + buf * o.momentum : buf;
+  for_each_update([](Tensor p, Tensor d, ParamState& s, const SGDOptions& o) {
+    ++s.step;
+    if (o.weight_decay != 0) d = d + p * o.weight_decay;
+    if (o.momentum != 0) {
+      auto [it, fresh] = s.tensors.try_emplace("momentum_buffer");
+      Tensor& buf = it->second;
+      if (fresh || !buf.defined()) {
+        buf = own_handle(d);
+      } else {
+        buf.assign(o.dampening == 0 ? buf * o.momentum + d : buf * o.momentum + d * (1 - o.dampening));
       }
-      p.assign(p - step_scalar(o.lr, p.dtype()) * d);
+      d = o.nesterov ? d + buf * o.momentum : buf;
     }
-  }
+    p.assign(p - step_scalar(o.lr, p.dtype()) * d);
+  });
 }
 
 // ---------------------------------------------------------------------------------------
@@ -338,17 +327,9 @@ std::vector<std::string> Adam::state_names(size_t group) const {
 }
 
 void Adam::step() {
-  NoGradGuard no_grad;
-  for (size_t g = 0; g < num_param_groups(); ++g) {
-    validate(options(g));
-    const std::vector<Tensor>& ps = params(g);
-    for (size_t k = 0; k < ps.size(); ++k) {
-      Tensor grad = ps[k].grad();
-      if (!grad.defined()) continue;
-      ParamState& s = state(first_index(g) + k);
-      adam_update(ps[k], grad, s.tensors, ++s.step, options(g), false);
-    }
-  }
+  for_each_update([](const Tensor& p, const Tensor& grad, ParamState& s, const auto& o) {
+    adam_update(p, grad, s.tensors, ++s.step, o, false);
+  });
 }
 
 AdamW::AdamW(std::vector<Tensor> params, const AdamWOptions& options)
@@ -363,17 +344,9 @@ std::vector<std::string> AdamW::state_names(size_t group) const {
 }
 
 void AdamW::step() {
-  NoGradGuard no_grad;
-  for (size_t g = 0; g < num_param_groups(); ++g) {
-    validate(options(g));
-    const std::vector<Tensor>& ps = params(g);
-    for (size_t k = 0; k < ps.size(); ++k) {
-      Tensor grad = ps[k].grad();
-      if (!grad.defined()) continue;
-      ParamState& s = state(first_index(g) + k);
-      adam_update(ps[k], grad, s.tensors, ++s.step, options(g), true);
-    }
-  }
+  for_each_update([](const Tensor& p, const Tensor& grad, ParamState& s, const auto& o) {
+    adam_update(p, grad, s.tensors, ++s.step, o, true);
+  });
 }
 
 // ---------------------------------------------------------------------------------------

@@ -106,6 +106,21 @@ class OptimizerWithOptions : public Optimizer {
   using Optimizer::Optimizer;
   /// Throws ValueError for hyperparameters outside their domain.
   virtual void validate(const Options& options) const = 0;
+  /// Calls update(param, grad, state, options) for every parameter that has a gradient,
+  /// under NoGradGuard, after checking each group's options: the loop every step() shares.
+  template <typename Update>
+  void for_each_update(Update&& update) {
+    NoGradGuard no_grad;
+    for (size_t g = 0; g < num_param_groups(); ++g) {
+      const Options& o = options(g);
+      validate(o);
+      const std::vector<Tensor>& ps = params(g);
+      for (size_t k = 0; k < ps.size(); ++k) {
+        Tensor grad = ps[k].grad();
+        if (grad.defined()) update(ps[k], grad, state(first_index(g) + k), o);
+      }
+    }
+  }
 
  private:
   std::vector<Options> options_;

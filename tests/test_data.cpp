@@ -15,31 +15,19 @@
 
 #include "frontend/data.h"
 #include "frontend/kiln.h"
+#include "test_files.h"
 
 using namespace kiln;
 namespace fs = std::filesystem;
 
 namespace {
 
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    static int counter = 0;
-    path = fs::temp_directory_path() /
-           ("kiln_data_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
-    fs::create_directories(path);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  std::string file(const std::string& name) const { return (path / name).string(); }
-};
+using test::read_bytes;
+using test::write_bytes;
 
-void write_bytes(const std::string& path, const std::string& bytes) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-}
+struct TempDir : test::TempDir {
+  TempDir() : test::TempDir("kiln_data") {}
+};
 
 // Ten examples: features row i is (3i, 3i+1, 3i+2), target i is i.
 data::TensorDataset ten_examples() {

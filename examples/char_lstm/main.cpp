@@ -126,12 +126,5 @@ int main(int argc, char** argv) {
   flags.add("prompt", "The ", "text the sample starts from");
   flags.add("sample-length", "300", "characters to generate");
   flags.add("temperature", "0.7", "sampling temperature (lower: more conservative)");
-  int code = 0;
-  if (!flags.parse(argc, argv, &code)) return code;
-  try {
-    return run(flags);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "char_lstm: error: %s\n", e.what());
-    return 1;
-  }
+  return flags.main(argc, argv, run);
 }

@@ -51,6 +51,19 @@ class Flags {
     }
     return true;
   }
+  /// Parses the command line and calls `run`; usage errors exit 2, kiln errors (bad data,
+  /// a missing file) print "program: error: ..." and exit 1.
+  template <typename Run>
+  int main(int argc, char** argv, Run&& run) {
+    int code = 0;
+    if (!parse(argc, argv, &code)) return code;
+    try {
+      return run(*this);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "%s: error: %s\n", program_.c_str(), e.what());
+      return 1;
+    }
+  }
   std::string str(const std::string& name) const { return values_.at(name); }
   int64_t integer(const std::string& name) const { return std::stoll(values_.at(name)); }
   double real(const std::string& name) const { return std::stod(values_.at(name)); }

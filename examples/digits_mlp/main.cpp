@@ -116,12 +116,5 @@ int main(int argc, char** argv) {
   flags.add("test-fraction", "0.2", "share of the samples held out for testing");
   flags.add("seed", "0", "seed of the initialisation (kiln::manual_seed)");
   flags.add("save", "", "write the trained weights to this safetensors file");
-  int code = 0;
-  if (!flags.parse(argc, argv, &code)) return code;
-  try {
-    return run(flags);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "digits_mlp: error: %s\n", e.what());
-    return 1;
-  }
+  return flags.main(argc, argv, run);
 }

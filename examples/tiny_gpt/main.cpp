@@ -146,12 +146,5 @@ int main(int argc, char** argv) {
   flags.add("prompt", "The ", "text the sample starts from");
   flags.add("sample-length", "200", "characters to generate");
   flags.add("temperature", "0.7", "sampling temperature");
-  int code = 0;
-  if (!flags.parse(argc, argv, &code)) return code;
-  try {
-    return run(flags);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "tiny_gpt: error: %s\n", e.what());
-    return 1;
-  }
+  return flags.main(argc, argv, run);
 }
