@@ -189,12 +189,16 @@ std::pair<std::vector<int64_t>, std::vector<int64_t>> train_test_split(int64_t n
 // ---------------------------------------------------------------------------------------
 // Files
 
-std::string read_text_file(const std::string& path) {
+namespace {
+
+// The bytes of a file, gunzipped when compressed; errors name `op`, the function the user
+// called.
+std::string read_file(const std::string& path, const std::string& op) {
   // gzread passes non-gzip files through unchanged, which makes compression transparent.
   errno = 0;
   gzFile f = gzopen(path.c_str(), "rb");
   if (!f) {
-    throw IOError("[read_text_file] cannot open " + path + " (" +
+    throw IOError("[" + op + "] cannot open " + path + " (" +
                   (errno ? std::strerror(errno) : "out of memory") + ")");
   }
   std::string out;
@@ -206,7 +210,7 @@ std::string read_text_file(const std::string& path) {
       std::string message = gzerror(f, &code);
       if (code == Z_ERRNO) message = std::strerror(errno);
       gzclose(f);
-      throw IOError("[read_text_file] " + path + ": reading failed (" + message + ")");
+      throw IOError("[" + op + "] " + path + ": reading failed (" + message + ")");
     }
     if (n == 0) break;
     out.append(chunk.data(), static_cast<size_t>(n));
@@ -216,11 +220,15 @@ std::string read_text_file(const std::string& path) {
   std::string message = gzerror(f, &code);
   const int closed = gzclose(f);
   if (code != Z_OK || closed != Z_OK) {
-    throw IOError("[read_text_file] " + path + ": reading failed (" +
+    throw IOError("[" + op + "] " + path + ": reading failed (" +
                   (code != Z_OK ? message : "the compressed stream is truncated or corrupt") + ")");
   }
   return out;
 }
+
+}  // namespace
+
+std::string read_text_file(const std::string& path) { return read_file(path, "read_text_file"); }
 
 void write_text_file(const std::string& path, const std::string& text, bool compress) {
   if (compress) {
@@ -298,7 +306,7 @@ CsvTable read_csv(const std::string& path, const CsvOptions& options) {
     throw DTypeError("[read_csv] expected a floating or integer dtype, got " +
                      std::string(dtype_name(dtype)));
   }
-  const std::string text = read_text_file(path);
+  const std::string text = read_file(path, "read_csv");
   const bool floating = is_floating(dtype);
   CsvTable table;
   std::vector<double> reals;

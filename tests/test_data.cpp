@@ -228,17 +228,14 @@ TEST_CASE("malformed data files raise errors with the line and field", "[data][e
 
   const std::string missing = dir.file("missing.csv");
   REQUIRE_THROWS_AS(data::read_csv(missing), IOError);
+  REQUIRE_THROWS_WITH(data::read_csv(missing), Catch::Contains("[read_csv] cannot open " + missing));
   REQUIRE_THROWS_WITH(data::read_text_file(missing),
                       Catch::Contains("[read_text_file] cannot open " + missing));
   const std::string gz = dir.file("cut.gz");
   std::string text;
   for (int i = 0; i < 2000; ++i) text += std::to_string(i * 7919 % 1000) + "\n";
   data::write_text_file(gz, text, true);
-  std::string bytes;
-  {
-    std::ifstream in(gz, std::ios::binary);
-    bytes.assign(std::istreambuf_iterator<char>(in), {});
-  }
+  std::string bytes = read_bytes(gz);
   write_bytes(gz, bytes.substr(0, bytes.size() / 2));
   REQUIRE_THROWS_AS(data::read_text_file(gz), IOError);
   REQUIRE_THROWS_WITH(data::read_text_file(gz),
