@@ -244,8 +244,16 @@ void acquire_handle(Node* node) {
 
 void release_handle(Node* node) {
   if (node->handles.fetch_sub(1, std::memory_order_relaxed) == 1) {
-    std::lock_guard lock(g_held_mutex);
-    if (node->handles.load(std::memory_order_relaxed) == 0) g_held_pending.erase(node);
+    {
+      std::lock_guard lock(g_held_mutex);
+      if (node->handles.load(std::memory_order_relaxed) == 0) g_held_pending.erase(node);
+    }
+    // A gradient graph usually reads the leaf it belongs to (d(w*w)/dw = 2w): with no handle
+    // left nobody can read the gradient, and keeping it would keep that cycle alive forever.
+    if (node->handles.load(std::memory_order_relaxed) == 0 && node->grad) {
+      NodePtr grad = std::move(node->grad);
+      release_handle(grad.get());
+    }
   }
 }
 

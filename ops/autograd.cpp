@@ -200,7 +200,8 @@ void Tensor::backward(const Tensor& gradient) const {
   std::unordered_map<Node*, Tensor> grads = propagate(order, out, seed);
   for (Node* leaf : leaves) {
     auto it = grads.find(leaf);
-    if (it == grads.end()) continue;
+    // A leaf no handle names (a temporary marked requires_grad_) has no reader.
+    if (it == grads.end() || leaf->handles.load(std::memory_order_relaxed) == 0) continue;
     Tensor g = it->second;
     set_node_grad(*leaf, (leaf->grad ? add(Tensor(leaf->grad), g) : g).node());
   }
