@@ -356,15 +356,47 @@ bool match_gemm(Node* r, const std::function<bool(Node*)>& single_use, GemmMatch
   return true;
 }
 
+namespace {
+
+// One BLAS call on row-major operands (beta = 1 adds to C).
+void blas_gemm(DType dtype, bool ta, bool tb, int64_t m, int64_t n, int64_t k, const char* a, int64_t lda,
+               const char* b, int64_t ldb, bool accumulate, char* c, int64_t ldc) {
+#if KILN_WITH_BLAS
+  constexpr int kRowMajor = 101, kNoTrans = 111, kTrans = 112;
+  const int ia = ta ? kTrans : kNoTrans, ib = tb ? kTrans : kNoTrans;
+  const auto M = static_cast<int>(m), N = static_cast<int>(n), K = static_cast<int>(k);
+  if (dtype == DType::Float32) {
+    cblas_sgemm(kRowMajor, ia, ib, M, N, K, 1.0f, reinterpret_cast<const float*>(a), static_cast<int>(lda),
+                reinterpret_cast<const float*>(b), static_cast<int>(ldb), accumulate ? 1.0f : 0.0f,
+                reinterpret_cast<float*>(c), static_cast<int>(ldc));
+  } else {
+    cblas_dgemm(kRowMajor, ia, ib, M, N, K, 1.0, reinterpret_cast<const double*>(a), static_cast<int>(lda),
+                reinterpret_cast<const double*>(b), static_cast<int>(ldb), accumulate ? 1.0 : 0.0,
+                reinterpret_cast<double*>(c), static_cast<int>(ldc));
+  }
+#else
+  (void)dtype, (void)ta, (void)tb, (void)m, (void)n, (void)k, (void)a, (void)lda, (void)b, (void)ldb;
+  (void)accumulate, (void)c, (void)ldc;
+#endif
+}
+
+// Below this many multiply-adds a call runs on one thread: waking the pool costs more.
+constexpr int64_t kParallelGemmWork = int64_t{1} << 18;
+
+}  // namespace
+
 void run_gemm(const GemmMatch& g) {
 #if KILN_WITH_BLAS
+  // OpenBLAS runs single-threaded and kiln's pool splits the work: two thread teams on the
+  // same cores (OpenBLAS's spin-waiting after every call included) would fight over them
+  // between the many small products of a training step.
   static std::once_flag threads_set;
-  std::call_once(threads_set, [] { openblas_set_num_threads(thread_pool().size()); });
+  std::call_once(threads_set, [] { openblas_set_num_threads(1); });
 #endif
   Node& out = *g.reduce;
   GemmLayout L;
   if (!gemm_layout(out, &L)) throw ValueError("[matmul] the library GEMM no longer matches its plan");
-  const size_t elem = itemsize(out.dtype);
+  const auto elem = static_cast<int64_t>(itemsize(out.dtype));
   auto buffer = std::make_shared<Buffer>(out.nbytes(), out.device);
   char* c = static_cast<char*>(buffer->data());
   if (L.k == 0) std::memset(c, 0, out.nbytes());
@@ -375,40 +407,60 @@ void run_gemm(const GemmMatch& g) {
     for (auto& bt : L.batches) std::swap(bt.a, bt.b);
     std::swap(base_a, base_b);
   }
+  // The calls, grouped by output block: summed dims are innermost, so the calls adding to
+  // one block are consecutive and must run in order.
+  struct Call {
+    int64_t oa, ob, oc;
+    bool accumulate;
+  };
+  std::vector<std::vector<Call>> blocks;
   int64_t total = 1;
   for (const auto& bt : L.batches) total *= bt.size;
   std::vector<int64_t> bi(L.batches.size(), 0);
   for (int64_t t = 0; t < total && L.m > 0 && L.n > 0 && L.k > 0; ++t) {
-    int64_t oa = base_a, ob = base_b, oc = 0;
-    bool accumulate = false;
+    Call call{base_a, base_b, 0, false};
     for (size_t d = 0; d < L.batches.size(); ++d) {
-      oa += bi[d] * L.batches[d].a;
-      ob += bi[d] * L.batches[d].b;
-      oc += bi[d] * L.batches[d].c;
-      accumulate = accumulate || (L.batches[d].summed && bi[d] > 0);
+      call.oa += bi[d] * L.batches[d].a;
+      call.ob += bi[d] * L.batches[d].b;
+      call.oc += bi[d] * L.batches[d].c;
+      call.accumulate = call.accumulate || (L.batches[d].summed && bi[d] > 0);
     }
-    char* ct = c + oc * static_cast<int64_t>(elem);
-#if KILN_WITH_BLAS
-    constexpr int kRowMajor = 101, kNoTrans = 111, kTrans = 112;
-    int ta = L.a.trans ? kTrans : kNoTrans, tb = L.b.trans ? kTrans : kNoTrans;
-    int m = static_cast<int>(L.m), n = static_cast<int>(L.n), k = static_cast<int>(L.k);
-    if (out.dtype == DType::Float32) {
-      cblas_sgemm(kRowMajor, ta, tb, m, n, k, 1.0f, reinterpret_cast<const float*>(a) + oa,
-                  static_cast<int>(L.a.ld), reinterpret_cast<const float*>(b) + ob, static_cast<int>(L.b.ld),
-                  accumulate ? 1.0f : 0.0f, reinterpret_cast<float*>(ct), static_cast<int>(L.ldc));
-    } else {
-      cblas_dgemm(kRowMajor, ta, tb, m, n, k, 1.0, reinterpret_cast<const double*>(a) + oa,
-                  static_cast<int>(L.a.ld), reinterpret_cast<const double*>(b) + ob, static_cast<int>(L.b.ld),
-                  accumulate ? 1.0 : 0.0, reinterpret_cast<double*>(ct), static_cast<int>(L.ldc));
-    }
-#else
-    (void)ct;
-    (void)oa;
-    (void)ob;
-#endif
+    if (!call.accumulate) blocks.emplace_back();
+    blocks.back().push_back(call);
     for (size_t d = L.batches.size(); d-- > 0;) {
       if (++bi[d] < L.batches[d].size) break;
       bi[d] = 0;
+    }
+  }
+  // Rows [r0, r1) and columns [c0, c1) of one call's result.
+  auto part = [&](const Call& call, int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
+    int64_t oa = call.oa + (L.a.trans ? r0 : r0 * L.a.ld);
+    int64_t ob = call.ob + (L.b.trans ? c0 * L.b.ld : c0);
+    int64_t oc = call.oc + r0 * L.ldc + c0;
+    blas_gemm(out.dtype, L.a.trans, L.b.trans, r1 - r0, c1 - c0, L.k, a + oa * elem, L.a.ld, b + ob * elem, L.b.ld,
+              call.accumulate, c + oc * elem, L.ldc);
+  };
+  const int64_t threads = thread_pool().size();
+  const int64_t work = L.m * L.n * L.k;
+  if (static_cast<int64_t>(blocks.size()) >= threads || work < kParallelGemmWork) {
+    // Enough independent blocks (attention heads, batches): one thread per block.
+    int64_t grain = work * static_cast<int64_t>(blocks.size()) < kParallelGemmWork ? static_cast<int64_t>(blocks.size()) : 1;
+    thread_pool().parallel_for(static_cast<int64_t>(blocks.size()), std::max<int64_t>(grain, 1), [&](int64_t lo, int64_t hi) {
+      for (int64_t i = lo; i < hi; ++i)
+        for (const Call& call : blocks[static_cast<size_t>(i)]) part(call, 0, L.m, 0, L.n);
+    });
+  } else {
+    // Few large products: split each one's rows (or columns) across the pool.
+    for (const auto& block : blocks) {
+      for (const Call& call : block) {
+        bool rows = L.m >= L.n;
+        int64_t extent = rows ? L.m : L.n;
+        int64_t grain = std::max<int64_t>(1, (extent + threads - 1) / threads);
+        thread_pool().parallel_for(extent, grain, [&](int64_t lo, int64_t hi) {
+          if (rows) part(call, lo, hi, 0, L.n);
+          else part(call, 0, L.m, lo, hi);
+        });
+      }
     }
   }
   out.buffer = std::move(buffer);
