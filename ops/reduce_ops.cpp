@@ -218,7 +218,10 @@ Tensor softmax_impl(const Tensor& x, int64_t axis, bool log_space, const char* o
   std::vector<bool> mask(x.shape().size(), false);
   if (x.ndim() > 0) mask[d] = true;
   Tensor xc = compute_type(x);
-  Tensor shift = finite_shift(reduce_masked(xc, ReduceOp::Max, mask, true, origin), origin);
+  // The shift is detached: the result does not depend on it, so its gradient is zero, and a
+  // shift without history keeps the max-reduction out of the backward graph.
+  Tensor shift =
+      finite_shift(reduce_masked(xc, ReduceOp::Max, mask, true, origin), origin).detach();
   Tensor z = binary(OpCode::Sub, xc, shift, origin);
   Tensor e = unary(OpCode::Exp, z, origin);
   Tensor s = reduce_masked(e, ReduceOp::Sum, mask, true, origin);
@@ -267,7 +270,8 @@ Tensor logsumexp(const Tensor& x, const std::vector<int64_t>& axes, bool keepdim
   DType out_dtype = is_floating(x.dtype()) ? x.dtype() : DType::Float32;
   Tensor xc = is_floating(x.dtype()) ? compute_type(x) : cast(x, DType::Float32);
   // An empty reduction has max -inf, which the shift maps to 0, giving log(0) = -inf.
-  Tensor shift = finite_shift(reduce_masked(xc, ReduceOp::Max, mask, true, op), op);
+  // Detached like softmax's: log(sum(exp(x - s))) + s has gradient softmax(x) for any s.
+  Tensor shift = finite_shift(reduce_masked(xc, ReduceOp::Max, mask, true, op), op).detach();
   Tensor e = unary(OpCode::Exp, binary(OpCode::Sub, xc, shift, op), op);
   Tensor lse =
       binary(OpCode::Add, unary(OpCode::Log, reduce_masked(e, ReduceOp::Sum, mask, true, op), op),

@@ -56,11 +56,12 @@ inline void require_positive(int64_t v, const std::string& layer, const char* wh
   }
 }
 
-/// x as a stored value read by plain coordinates. The library GEMM only takes operands that
-/// are materialized and read without index arithmetic, and the simplifier would otherwise
-/// fold a reshape or im2col reindex into the product's operand map. x + 0.0 is one the
-/// simplifier keeps (it only drops x + -0.0); it is exact except that -0.0 becomes +0.0,
-/// which no product can observe. Remove once the GEMM matcher accepts reshaped operands.
+/// x as a stored value read by plain coordinates. The library GEMM reads operands through
+/// affine maps (permutes, slices, reshapes) but not through padded windows, and the
+/// simplifier would otherwise fold an im2col reindex into the product's operand map. x + 0.0
+/// is one the simplifier keeps (it only drops x + -0.0); it is exact except that -0.0
+/// becomes +0.0, which no product can observe. Uses on plain reshapes predate the affine
+/// matcher and may no longer be needed.
 inline Tensor stored(const Tensor& x) { return x + 0.0; }
 
 }  // namespace kiln::nn::detail

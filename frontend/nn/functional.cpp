@@ -69,22 +69,7 @@ int64_t window_count(const char* op, int64_t in, int64_t k, int64_t s, int64_t p
   return out;
 }
 
-// The softmax shift is detached: the result does not depend on it, and a shift without
-// history keeps the max-reduction out of the backward graph. A fully masked (all -inf) row
-// gives NaN, as in PyTorch.
-Tensor shift_for(const Tensor& x, int64_t axis) { return max(x, axis, true).detach(); }
-
 }  // namespace
-
-Tensor stable_softmax(const Tensor& x, int64_t axis) {
-  Tensor e = exp(x - shift_for(x, axis));
-  return e / sum(e, axis, true);
-}
-
-Tensor stable_log_softmax(const Tensor& x, int64_t axis) {
-  Tensor z = x - shift_for(x, axis);
-  return z - log(sum(exp(z), axis, true));
-}
 
 Tensor gelu(const Tensor& x, GeluApproximation approximate) {
   require_floating(x, "gelu", "input");
@@ -462,7 +447,7 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
     }
   }
   if (is_causal) scores = where(index({l, s}, 1) <= index({l, s}, 0), scores, -INFINITY);
-  Tensor p = dropout(stable_softmax(scores, -1), dropout_p, dropout_p > 0.0);
+  Tensor p = dropout(softmax(scores, -1), dropout_p, dropout_p > 0.0);
   if (weights) *weights = p;
   return matmul(p, v);
 }

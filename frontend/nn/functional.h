@@ -37,12 +37,6 @@ using kiln::sigmoid;
 using kiln::softmax;
 using kiln::tanh;
 
-/// softmax along `axis` with a detached max shift: the same values as kiln::softmax, but the
-/// shift adds nothing to the backward graph. Used by attention and the losses.
-Tensor stable_softmax(const Tensor& x, int64_t axis);
-/// log_softmax along `axis` with a detached max shift.
-Tensor stable_log_softmax(const Tensor& x, int64_t axis);
-
 /// How GELU is computed: the exact erf form or PyTorch's tanh approximation.
 enum class GeluApproximation { None, Tanh };
 /// x * Phi(x) (exact: 0.5 x (1 + erf(x / sqrt 2)); tanh form as torch's approximate="tanh").

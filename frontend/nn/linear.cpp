@@ -97,7 +97,7 @@ std::string LeakyReLU::extra_repr() const {
 }
 
 Softmax::Softmax(int64_t d) : UnaryModule("Softmax"), dim(d) {}
-Tensor Softmax::forward(const Tensor& x) { return F::stable_softmax(x, dim); }
+Tensor Softmax::forward(const Tensor& x) { return softmax(x, dim); }
 std::string Softmax::extra_repr() const { return "dim=" + std::to_string(dim); }
 
 Flatten::Flatten(int64_t start, int64_t end)

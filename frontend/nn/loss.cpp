@@ -118,7 +118,7 @@ Tensor cross_entropy(const Tensor& input, const Tensor& target, const CrossEntro
   detail::require_defined(target, op, "target");
   check_options(o, op);
   check_weight(o.weight, input, op);
-  Tensor logp = F::stable_log_softmax(input, class_axis(input));
+  Tensor logp = log_softmax(input, class_axis(input));
   if (is_floating(target.dtype())) {
     if (target.shape() != input.shape()) {
       throw DTypeError("[cross_entropy] expected integer class indices of shape " +

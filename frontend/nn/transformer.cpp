@@ -149,7 +149,7 @@ AttentionOutput MultiheadAttention::forward(const Tensor& query, const Tensor& k
   if (is_causal)
     scores = where(index({l, s}, 1) > index({l, s}, 0), -std::numeric_limits<double>::infinity(),
                    scores);
-  Tensor p = F::dropout(F::stable_softmax(scores, -1), dropout, is_training() && dropout > 0.0);
+  Tensor p = F::dropout(softmax(scores, -1), dropout, is_training() && dropout > 0.0);
   Tensor o = matmul(p, v);  // [N, h, L, d]
   // Back to token rows [L*N, E] (input order), stored for the output projection's GEMM.
   Tensor merged = reindex(
