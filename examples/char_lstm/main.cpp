@@ -115,7 +115,7 @@ int main(int argc, char** argv) {
       "char_lstm",
       "Trains a character-level LSTM language model on a text file and samples from it.");
   flags.add("text", "/usr/share/common-licenses/GPL-3", "training text (plain or gzip)");
-  flags.add("steps", "200", "training steps");
+  flags.add("steps", "500", "training steps");
   flags.add("batch-size", "16", "sequences per step");
   flags.add("seq-len", "32", "characters per training sequence");
   flags.add("embed", "64", "character embedding size");

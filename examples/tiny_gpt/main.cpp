@@ -134,7 +134,7 @@ int main(int argc, char** argv) {
   example::Flags flags(
       "tiny_gpt", "Trains a small decoder-only Transformer on a text file and samples from it.");
   flags.add("text", "/usr/share/common-licenses/GPL-3", "training text (plain or gzip)");
-  flags.add("steps", "200", "training steps");
+  flags.add("steps", "400", "training steps");
   flags.add("batch-size", "16", "sequences per step");
   flags.add("context", "64", "characters per sequence (the attention window)");
   flags.add("d-model", "128", "model width");
