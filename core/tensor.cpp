@@ -123,8 +123,7 @@ void Tensor::rebind(const Tensor& value, const char* what, bool check_meta) {
   NodePtr next = v.requires_grad || leaf ? detached_copy(v) : value.node();
   next->requires_grad = leaf;
   next->grad_leaf = leaf;
-  if (leaf && next.get() != &old && old.grad && old.grad->shape == next->shape &&
-      old.grad->dtype == next->dtype) {
+  if (leaf && old.grad && old.grad->shape == next->shape && old.grad->dtype == next->dtype) {
     set_node_grad(*next, old.grad);
   }
   impl_->reset(std::move(next));

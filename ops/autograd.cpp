@@ -4,6 +4,7 @@
 // several times (tied weights). The result is ordinary lazy graph: nothing runs here.
 #include "autograd.h"
 
+#include <functional>
 #include <string>
 #include <unordered_map>
 #include <unordered_set>
@@ -56,10 +57,10 @@ std::vector<Tensor> vjp(const Node& n, const Tensor& g) {
   return {};
 }
 
-// Walks from `output` down the edges that carry gradient flow. `stop` nodes (leaves) end
-// the walk; `wanted` tells which nodes need a gradient. Returns the nodes that lie on a
-// path to a wanted node, outputs first.
-std::vector<Node*> backward_order(Node* output, const std::unordered_set<Node*>& wanted) {
+// Walks from `output` down the edges that carry gradient flow; leaves end the walk.
+// `wanted` tells which nodes need a gradient. Returns the nodes that lie on a path to a
+// wanted node, outputs first.
+std::vector<Node*> backward_order(Node* output, const std::function<bool(Node*)>& wanted) {
   // Iterative post-order: inputs finish before their users.
   std::vector<Node*> post;
   std::unordered_map<Node*, bool> reaches;  // node -> lies on a path to a wanted node
@@ -76,7 +77,7 @@ std::vector<Node*> backward_order(Node* output, const std::unordered_set<Node*>&
       }
       continue;
     }
-    bool r = wanted.count(n) > 0;
+    bool r = wanted(n);
     if (descend) {
       for (const NodePtr& in : n->inputs) {
         auto it = reaches.find(in.get());
@@ -156,7 +157,7 @@ std::vector<Tensor> grad(const Tensor& output, const std::vector<Tensor>& inputs
     wanted.insert(inputs[i].node().get());
   }
   Node* out = output.node().get();
-  std::vector<Node*> order = backward_order(out, wanted);
+  std::vector<Node*> order = backward_order(out, [&](Node* n) { return wanted.count(n) > 0; });
   std::unordered_map<Node*, Tensor> grads = propagate(order, out, seed);
   std::vector<Tensor> result;
   for (size_t i = 0; i < inputs.size(); ++i) {
@@ -181,27 +182,16 @@ std::vector<Tensor> grad(const Tensor& output, const std::vector<Tensor>& inputs
 void Tensor::backward(const Tensor& gradient) const {
   Tensor seed = seed_for("backward", *this, gradient);
   Node* out = node().get();
-  // Every leaf reachable through gradient flow is wanted; leaves end the walk.
-  std::unordered_set<Node*> leaves;
-  std::vector<Node*> stack{out};
-  std::unordered_set<Node*> seen{out};
-  while (!stack.empty()) {
-    Node* n = stack.back();
-    stack.pop_back();
-    if (n->grad_leaf) {
-      leaves.insert(n);
-      if (n != out) continue;
-    }
-    for (const NodePtr& in : n->inputs)
-      if (in->requires_grad && seen.insert(in.get()).second) stack.push_back(in.get());
-  }
   NoGradGuard no_grad;  // gradients of backward() are values, never differentiated again
-  std::vector<Node*> order = backward_order(out, leaves);
+  // Every leaf a handle names is wanted; a temporary marked requires_grad_ has no reader.
+  auto readable_leaf = [](Node* n) {
+    return n->grad_leaf && n->handles.load(std::memory_order_relaxed) > 0;
+  };
+  std::vector<Node*> order = backward_order(out, readable_leaf);
   std::unordered_map<Node*, Tensor> grads = propagate(order, out, seed);
-  for (Node* leaf : leaves) {
+  for (Node* leaf : order) {
     auto it = grads.find(leaf);
-    // A leaf no handle names (a temporary marked requires_grad_) has no reader.
-    if (it == grads.end() || leaf->handles.load(std::memory_order_relaxed) == 0) continue;
+    if (!readable_leaf(leaf) || it == grads.end()) continue;
     Tensor g = it->second;
     set_node_grad(*leaf, (leaf->grad ? add(Tensor(leaf->grad), g) : g).node());
   }
