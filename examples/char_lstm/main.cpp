@@ -61,8 +61,7 @@ int run(const example::Flags& flags) {
   optim::Adam opt(params, {.lr = flags.real("lr")});
 
   std::mt19937_64 rng(static_cast<uint64_t>(flags.integer("seed")));
-  auto start = std::chrono::steady_clock::now();
-  double first_loss = 0, recent = 0;
+  example::TrainingLog log(steps);
   for (int64_t step = 1; step <= steps; ++step) {
     auto [x, y] = corpus.batch(batch, seq, rng);
     opt.zero_grad();
@@ -72,17 +71,9 @@ int run(const example::Flags& flags) {
     loss.backward();
     optim::clip_grad_norm(params, 1.0);
     opt.step();
-    double l = loss.item<double>();
-    if (step == 1) first_loss = l;
-    recent = step == 1 ? l : 0.9 * recent + 0.1 * l;
-    if (step % 10 == 0 || step == steps) {
-      char text[96];
-      std::snprintf(text, sizeof text, "loss %.3f  %.1fs", recent, example::seconds_since(start));
-      example::progress("training", step, steps, text);
-    }
+    log.step(step, loss.item<double>());
   }
-  std::printf("loss %.3f -> %.3f (uniform guessing: %.3f)\n", first_loss, recent,
-              std::log(static_cast<double>(corpus.vocab_size())));
+  log.finish(corpus.vocab_size());
 
   // Sampling: feed one character at a time, carrying the LSTM state.
   model->eval();
@@ -97,9 +88,7 @@ int run(const example::Flags& flags) {
     h = out.h_n;
     c = out.c_n;
     Tensor last = slice(out.output, 1, -1, out.output.size(1));
-    std::vector<double> probs =
-        softmax(reshape(last, {corpus.vocab_size()}) / temperature, 0).to_vector<double>();
-    int64_t next = std::discrete_distribution<int64_t>(probs.begin(), probs.end())(rng);
+    int64_t next = example::sample_token(reshape(last, {corpus.vocab_size()}), temperature, rng);
     sample += corpus.decode(next);
     tokens = reshape(from_vector<int64_t>({next}), {1, 1});
   }

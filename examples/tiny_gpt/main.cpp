@@ -80,8 +80,7 @@ int run(const example::Flags& flags) {
       opt, warmup, std::max<int64_t>(steps, warmup + 1), 0.1, flags.real("lr") * 0.1);
 
   std::mt19937_64 rng(static_cast<uint64_t>(flags.integer("seed")));
-  auto start = std::chrono::steady_clock::now();
-  double first_loss = 0, recent = 0;
+  example::TrainingLog log(steps);
   model->train();
   for (int64_t step = 1; step <= steps; ++step) {
     auto [x, y] = corpus.batch(batch, context, rng);
@@ -93,18 +92,11 @@ int run(const example::Flags& flags) {
     optim::clip_grad_norm(params, 1.0);
     opt.step();
     schedule->step();
-    double l = loss.item<double>();
-    if (step == 1) first_loss = l;
-    recent = step == 1 ? l : 0.9 * recent + 0.1 * l;
-    if (step % 10 == 0 || step == steps) {
-      char text[96];
-      std::snprintf(text, sizeof text, "loss %.3f  lr %.2e  %.1fs", recent,
-                    schedule->get_last_lr()[0], example::seconds_since(start));
-      example::progress("training", step, steps, text);
-    }
+    char lr[32];
+    std::snprintf(lr, sizeof lr, "lr %.2e  ", schedule->get_last_lr()[0]);
+    log.step(step, loss.item<double>(), lr);
   }
-  std::printf("loss %.3f -> %.3f (uniform guessing: %.3f)\n", first_loss, recent,
-              std::log(static_cast<double>(vocab)));
+  log.finish(vocab);
 
   // Sampling: the context window slides over the text generated so far. Each length is a
   // new shape but not a new kernel: kernels take sizes as arguments.
@@ -118,8 +110,7 @@ int run(const example::Flags& flags) {
     std::vector<int64_t> window(ids.end() - t, ids.end());
     Tensor logits = model->forward(from_vector(window, {1, t}));
     Tensor last = reshape(slice(logits, 1, t - 1, t), {vocab});
-    std::vector<double> probs = softmax(last / temperature, 0).to_vector<double>();
-    int64_t next = std::discrete_distribution<int64_t>(probs.begin(), probs.end())(rng);
+    int64_t next = example::sample_token(last, temperature, rng);
     ids.push_back(next);
     sample += corpus.decode(next);
   }
