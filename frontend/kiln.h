@@ -1,9 +1,11 @@
 #pragma once
 // The public API: include this one header and link kiln::kiln.
+#include "../core/cuda_driver.h"
 #include "../core/graph_dump.h"
 #include "../core/tensor.h"
 #include "../jit/executor.h"
 #include "../jit/kernel_cache.h"
+#include "../memory/memory.h"
 #include "../ops/ops.h"
 #include "data.h"
 #include "lr_scheduler.h"

@@ -1,125 +1,14 @@
 #pragma once
-// The caching pool for host memory. Tensor programs allocate and free the same few sizes
-// over and over (one step looks like the last), so keeping freed memory and handing it out
-// again is much cheaper than going back to the OS, and lets kiln report and limit memory.
-//
-// Small requests (<= 1 MiB) are rounded up to size classes and carved out of 2 MiB
-// segments; a freed small block waits on its class's free list, so the common case (the
-// same size again) costs a pop. Large requests are rounded to 64 bytes and served best-fit
-// from large segments. Free blocks are split when the rest is still useful and merged with
-// free neighbours (small ones lazily, before a new segment would be taken). Memory goes
-// back to the OS only in empty_cache() or when a limit is hit.
-#include <cstddef>
-#include <cstdint>
-#include <mutex>
-#include <set>
-#include <string>
-#include <unordered_map>
-#include <vector>
-
-#include "../core/allocator.h"
+// The caching pool for host memory (memory/caching_pool.h says how blocks are served), and
+// the process-wide instance that core allocates every cpu buffer from.
+#include "caching_pool.h"
 
 namespace kiln::memory {
 
-/// A snapshot of the pool's counters. Sizes are in bytes.
-struct PoolStats {
-  size_t allocated = 0;         ///< Bytes in blocks handed out (rounded block sizes).
-  size_t requested = 0;         ///< Bytes the callers of live blocks asked for.
-  size_t reserved = 0;          ///< Bytes held from the OS (all segments, used or cached).
-  size_t peak_allocated = 0;    ///< Highest `allocated` since creation or reset_peak_stats().
-  size_t peak_reserved = 0;     ///< Highest `reserved` since creation or reset_peak_stats().
-  size_t limit = 0;             ///< Cap on `reserved`; 0 means unlimited.
-  size_t largest_free = 0;      ///< Largest cached block; a request up to it needs no OS call.
-  uint64_t num_allocs = 0;      ///< allocate() calls that succeeded.
-  uint64_t cache_hits = 0;      ///< Of those, the ones served without asking the OS.
-  uint64_t num_frees = 0;       ///< deallocate() calls with a non-null pointer.
-  uint64_t num_ooms = 0;        ///< allocate() calls that threw OutOfMemoryError.
-  uint64_t segments = 0;        ///< Segments held now (small plus large).
-  uint64_t small_segments = 0;  ///< Of those, 2 MiB segments for small blocks.
-  uint64_t os_allocs = 0;       ///< Segments obtained from the OS over the pool's life.
-  uint64_t os_frees = 0;        ///< Segments returned to the OS over the pool's life.
-
-  /// Cached bytes: reserved but not handed out.
-  size_t cached() const { return reserved - allocated; }
-  /// Share of cached bytes outside the largest free block, in [0, 1]: 0 when all cached
-  /// memory could serve one request, near 1 when it is scattered in small pieces.
-  double fragmentation() const {
-    size_t free = cached();
-    return free == 0 ? 0.0 : 1.0 - static_cast<double>(largest_free) / static_cast<double>(free);
-  }
-};
-
-/// A thread-safe caching allocator of 64-byte aligned host memory.
-class HostPool final : public Allocator {
+/// A CachingPool over aligned_alloc, named "host pool".
+class HostPool final : public CachingPool {
  public:
   HostPool();
-  /// Returns every segment to the OS; blocks still handed out become invalid.
-  ~HostPool() override;
-  HostPool(const HostPool&) = delete;
-  HostPool& operator=(const HostPool&) = delete;
-
-  /// Returns a 64-byte aligned block of at least `bytes` (zero gives a unique block).
-  /// Throws OutOfMemoryError, with the report, when the limit or the OS refuses.
-  void* allocate(size_t bytes) override;
-  /// Returns a block to the cache; nullptr is ignored. Throws ValueError for foreign pointers.
-  void deallocate(void* ptr) override;
-
-  /// A consistent snapshot of the counters.
-  PoolStats stats() const;
-  /// Starts the peaks again from the current allocated and reserved bytes.
-  void reset_peak_stats();
-  /// Returns every fully free segment to the OS; reserved drops to the segments in use.
-  void empty_cache();
-  /// Caps reserved bytes (0: unlimited). Lowering it below the reservation empties the cache.
-  void set_limit(size_t bytes);
-  /// The cap on reserved bytes; 0 means unlimited.
-  size_t limit() const;
-  /// The statistics as an aligned, human-readable table ("1.5 MiB").
-  std::string report() const;
-
- private:
-  // A contiguous range inside one segment, either handed out or cached. Blocks of a
-  // segment form an address-ordered list so that freeing can merge with neighbours; a
-  // segment is fully free when its only block is free (no prev, no next). A free block is
-  // either in a FreeSet or, if `on_class_list`, on its class list and not merged yet.
-  struct Block {
-    char* ptr = nullptr;
-    size_t size = 0;
-    size_t requested = 0;
-    bool small = false;
-    bool free = true;
-    bool on_class_list = false;
-    Block* prev = nullptr;
-    Block* next = nullptr;
-  };
-  // Best fit: the smallest block that fits, lowest address among equals (deterministic).
-  struct BySize {
-    bool operator()(const Block* a, const Block* b) const {
-      return a->size != b->size ? a->size < b->size : a->ptr < b->ptr;
-    }
-  };
-  using FreeSet = std::set<Block*, BySize>;
-
-  Block* take_free_block(FreeSet& free_set, size_t size);
-  void insert_free(Block* block);
-  void flush_class_lists();
-  size_t largest_free_locked() const;
-  Block* new_segment(size_t size, bool small, size_t requested);
-  void split(Block* block, size_t size);
-  void release_free_segments();
-  void release_segment(Block* block);
-  Block* make_block();
-  void recycle_block(Block* block);
-  std::string report_locked() const;
-
-  mutable std::mutex mutex_;
-  FreeSet small_free_;
-  FreeSet large_free_;
-  std::vector<std::vector<Block*>> class_free_;  // per small size class, most recent last
-  size_t class_free_count_ = 0;
-  std::unordered_map<void*, Block*> live_;
-  std::vector<Block*> spare_blocks_;  // Block nodes kept to avoid heap calls on split/merge.
-  PoolStats stats_;
 };
 
 /// The process-wide host pool; kiln registers it as the host allocator at load time.

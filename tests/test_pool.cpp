@@ -1,9 +1,12 @@
-// The host caching pool: reuse, split/coalesce, statistics, limit, report, threads.
+// The caching pool (host instance, and over a test segment source): reuse, split/coalesce,
+// statistics, limit, report, threads; memory sizes; the eviction policy of device placement.
 // Each test makes its own HostPool so that counters start at zero and tests stay independent.
 #include <algorithm>
 #include <catch2/catch.hpp>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <random>
 #include <set>
 #include <string>
@@ -13,6 +16,7 @@
 #include "core/allocator.h"
 #include "core/error.h"
 #include "memory/host_pool.h"
+#include "memory/memory.h"
 
 using kiln::memory::HostPool;
 
@@ -384,4 +388,130 @@ TEST_CASE("pool: concurrent allocate and free from 4 threads keep data intact", 
   CHECK(s.cache_hits > s.num_allocs / 2);
   pool.empty_cache();
   CHECK(pool.stats().reserved == 0);
+}
+
+// ---- The same pool over other segment sources --------------------------------------------
+
+namespace {
+
+// A source with a fixed capacity that records what it hands out, standing in for device
+// memory: the pool must free its cache and retry before giving up, and return everything.
+class CountingSource final : public kiln::memory::SegmentSource {
+ public:
+  CountingSource(size_t capacity, size_t* in_use) : capacity_(capacity), in_use_(in_use) {}
+  void* reserve(size_t bytes) override {
+    if (*in_use_ + bytes > capacity_) return nullptr;
+    *in_use_ += bytes;
+    return std::aligned_alloc(256, (bytes + 255) / 256 * 256);
+  }
+  void release(void* ptr, size_t bytes) noexcept override {
+    *in_use_ -= bytes;
+    std::free(ptr);
+  }
+  bool host_addressable() const override { return true; }
+  const char* who() const override { return "the test device"; }
+
+ private:
+  size_t capacity_;
+  size_t* in_use_;
+};
+
+}  // namespace
+
+TEST_CASE("pool: any segment source, named in messages and the report", "[pool]") {
+  size_t in_use = 0;
+  {
+    kiln::memory::CachingPool pool("test:0 pool",
+                                   std::make_unique<CountingSource>(24 * kMiB, &in_use));
+    void* a = pool.allocate(4 * kMiB);  // a shared 20 MiB segment
+    CHECK(in_use == 20 * kMiB);
+    pool.deallocate(a);
+    // 22 MiB needs its own segment; the source has room only after the cache is freed.
+    void* b = pool.allocate(22 * kMiB);
+    CHECK(in_use == 22 * kMiB);
+    CHECK(pool.stats().os_frees == 1);
+
+    // try_allocate reports a refusal as nullptr and leaves the OOM counter alone.
+    CHECK(pool.try_allocate(4 * kMiB) == nullptr);
+    CHECK(pool.stats().num_ooms == 0);
+    try {
+      pool.allocate(4 * kMiB);
+      FAIL("no OutOfMemoryError");
+    } catch (const kiln::OutOfMemoryError& e) {
+      std::string message = e.what();
+      CHECK(message.rfind("[test:0 pool] cannot allocate 4.0 MiB", 0) == 0);
+      CHECK(message.find("the test device refused") != std::string::npos);
+      CHECK(message.find("[test:0 pool] memory report") != std::string::npos);
+    }
+    CHECK(pool.stats().num_ooms == 1);
+    void* c = pool.allocate(1000);  // a 2 MiB small segment still fits
+    CHECK(in_use == 24 * kMiB);
+    pool.deallocate(c);
+    pool.deallocate(b);
+  }
+  CHECK(in_use == 0);  // the destructor returned every segment
+}
+
+TEST_CASE("pool: memory sizes parse with decimal and binary units", "[pool]") {
+  using kiln::memory::parse_memory_size;
+  CHECK(parse_memory_size("4096") == 4096);
+  CHECK(parse_memory_size("2GB") == 2000000000);
+  CHECK(parse_memory_size("512MiB") == 512 * kMiB);
+  CHECK(parse_memory_size("1.5GiB") == 1536 * kMiB);
+  CHECK(parse_memory_size(" 64 kib ") == 64 * kKiB);
+  CHECK(parse_memory_size("3mb") == 3000000);
+  CHECK(parse_memory_size("7B") == 7);
+  for (const char* bad : {"", "GB", "2XB", "1.2.3GB", "-5MB", "12 MB extra", "1e3"}) {
+    INFO(bad);
+    CHECK_THROWS_AS(parse_memory_size(bad, "KILN_DEVICE_MEMORY_LIMIT"), kiln::ValueError);
+  }
+  try {
+    parse_memory_size("lots", "KILN_DEVICE_MEMORY_LIMIT");
+  } catch (const kiln::ValueError& e) {
+    CHECK(std::string(e.what()).find("KILN_DEVICE_MEMORY_LIMIT 'lots'") != std::string::npos);
+  }
+}
+
+TEST_CASE("placement: eviction takes old and large buffers first, never pinned ones",
+          "[placement]") {
+  using kiln::memory::choose_evictions;
+  using kiln::memory::ResidentBuffer;
+  // bytes, last_use, pinned, has_host_copy
+  std::vector<ResidentBuffer> resident = {
+      {10 * kMiB, 90, false, false},  // 0: recent
+      {10 * kMiB, 10, false, false},  // 1: old
+      {40 * kMiB, 50, false, false},  // 2: large, middle-aged
+      {100 * kMiB, 5, true, false},   // 3: oldest and largest, but in use
+      {1 * kMiB, 1, false, false},    // 4: oldest, tiny
+  };
+  const uint64_t now = 100;
+  // Scores (age+1) x MiB: 0 -> 110, 1 -> 910, 2 -> 2040, 4 -> 100.
+  CHECK(choose_evictions(resident, 0, now).empty());
+  CHECK(choose_evictions(resident, 5 * kMiB, now) == std::vector<size_t>{2});
+  CHECK(choose_evictions(resident, 45 * kMiB, now) == std::vector<size_t>{2, 1});
+  // Everything evictable, still short: all unpinned ones, best first.
+  CHECK(choose_evictions(resident, 500 * kMiB, now) == std::vector<size_t>{2, 1, 0, 4});
+
+  SECTION("a valid host copy makes a buffer cheaper to move out") {
+    resident[1].has_host_copy = true;
+    resident[1].last_use = 0;   // score 101 x 10 x 2 = 2020
+    resident[2].last_use = 51;  // score 50 x 40 = 2000
+    CHECK(choose_evictions(resident, 5 * kMiB, now) == std::vector<size_t>{1});
+  }
+  SECTION("a small early choice that a later one made unnecessary is dropped") {
+    std::vector<ResidentBuffer> r = {
+        {2 * kMiB, 0, false, false},    // score 202: chosen first
+        {30 * kMiB, 95, false, false},  // score 180: chosen second, covers it alone
+    };
+    CHECK(choose_evictions(r, 20 * kMiB, now) == std::vector<size_t>{1});
+  }
+  SECTION("ties go to the older buffer") {
+    // (100-59+1) x 4 = 168 = (100-80+1) x 8
+    std::vector<ResidentBuffer> r = {{8 * kMiB, 80, false, false}, {4 * kMiB, 59, false, false}};
+    CHECK(choose_evictions(r, kMiB, now) == std::vector<size_t>{1});
+  }
+  SECTION("every buffer pinned: nothing to move") {
+    for (auto& r : resident) r.pinned = true;
+    CHECK(choose_evictions(resident, kMiB, now).empty());
+  }
 }

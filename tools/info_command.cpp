@@ -1,7 +1,11 @@
 // `kiln info`: what this kiln build and this host provide.
+#include <cstdio>
 #include <iostream>
 #include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
 
+#include "core/cuda_driver.h"
 #include "core/error.h"
 #include "core/thread_pool.h"
 #include "jit/compiler.h"
@@ -34,6 +38,34 @@ CompilerInfo probe_compiler(const std::string& name) {
   return info;
 }
 
+// The CUDA devices the driver reports; a device whose query fails is listed with the error
+// rather than failing the whole report.
+struct CudaDeviceInfo {
+  cuda::DeviceProperties properties;
+  std::string error;
+};
+
+std::vector<CudaDeviceInfo> probe_cuda_devices() {
+  std::vector<CudaDeviceInfo> out;
+  for (int i = 0; i < cuda::device_count(); ++i) {
+    CudaDeviceInfo info;
+    info.properties.index = i;
+    try {
+      info.properties = cuda::properties(i);
+    } catch (const Error& e) {
+      info.error = e.what();
+    }
+    out.push_back(info);
+  }
+  return out;
+}
+
+std::string gib(size_t bytes) {
+  char text[32];
+  std::snprintf(text, sizeof(text), "%.1f GiB", static_cast<double>(bytes) / (1 << 30));
+  return text;
+}
+
 }  // namespace
 
 int run_info_command(const Invocation& inv) {
@@ -51,6 +83,8 @@ int run_info_command(const Invocation& inv) {
   const std::string& features = jit::host_cpu_features();
   const int threads = thread_pool().size();
   jit::KernelCache& cache = jit::kernel_cache();
+  const std::vector<CudaDeviceInfo> cuda_devices = probe_cuda_devices();
+  const std::string driver = cuda::driver_status();
 
   if (inv.json) {
     Json out = {
@@ -63,7 +97,22 @@ int run_info_command(const Invocation& inv) {
         {"threads", threads},
         {"cache", {{"directory", cache.directory()}, {"disk_enabled", cache.disk_enabled()}}},
         {"devices", Json::array({Json{{"type", "cpu"}, {"threads", threads}}})},
+        {"cuda_driver", driver},
         {"cuda_devices", Json::array()}};
+    for (const CudaDeviceInfo& d : cuda_devices) {
+      const cuda::DeviceProperties& p = d.properties;
+      Json device = {{"type", "cuda"}, {"index", p.index}};
+      if (d.error.empty()) {
+        device["name"] = p.name;
+        device["compute_capability"] = std::to_string(p.major) + "." + std::to_string(p.minor);
+        device["total_memory"] = p.total_memory;
+        device["multiprocessors"] = p.multiprocessors;
+      } else {
+        device["error"] = d.error;
+      }
+      out["devices"].push_back(device);
+      out["cuda_devices"].push_back(device);
+    }
     if (!default_ok) out["default_compiler_error"] = default_compiler;
     std::cout << out.dump(2) << "\n";
     return 0;
@@ -78,9 +127,22 @@ int run_info_command(const Invocation& inv) {
   table.add_row({"cpu features", features});
   table.add_row({"threads", std::to_string(threads)});
   std::string directory = cache.directory().empty() ? "(none: memory only)" : cache.directory();
-  if (!cache.directory().empty() && !cache.disk_enabled()) directory += " (not usable: memory only)";
+  if (!cache.directory().empty() && !cache.disk_enabled())
+    directory += " (not usable: memory only)";
   table.add_row({"cache directory", directory});
-  table.add_row({"devices", "cpu (" + std::to_string(threads) + " threads); no CUDA devices"});
+  std::string devices = "cpu (" + std::to_string(threads) + " threads)";
+  if (cuda_devices.empty()) devices += "; no CUDA devices (" + driver + ")";
+  table.add_row({"devices", devices});
+  if (!cuda_devices.empty()) table.add_row({"cuda driver", driver});
+  for (const CudaDeviceInfo& d : cuda_devices) {
+    const cuda::DeviceProperties& p = d.properties;
+    table.add_row({"cuda:" + std::to_string(p.index),
+                   d.error.empty()
+                       ? p.name + ", compute capability " + std::to_string(p.major) + "." +
+                             std::to_string(p.minor) + ", " + gib(p.total_memory) + ", " +
+                             std::to_string(p.multiprocessors) + " SMs"
+                       : "error: " + d.error});
+  }
   std::cout << table.render();
   return 0;
 }
