@@ -31,6 +31,7 @@
 #include <cstring>
 #include <ctime>
 #include <filesystem>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <optional>
 
@@ -100,7 +101,8 @@ bool is_key(const std::string& s) {
 }
 
 bool ends_with(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+  return s.size() >= suffix.size() &&
+         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
 // ---- little-endian header fields ----
@@ -125,8 +127,7 @@ struct FileId {
 };
 
 // Reads up to `limit` bytes of `path` (all of it when limit is 0). Returns 0 or an errno.
-int read_file(const std::string& path, std::string& out, FileId* id = nullptr,
-              size_t limit = 0) {
+int read_file(const std::string& path, std::string& out, FileId* id = nullptr, size_t limit = 0) {
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return errno;
   struct stat st {};
@@ -266,8 +267,8 @@ std::string encode_entry(const KernelRecord& r, const std::string& source,
 // Checks and splits an entry read from disk. With `full` false only the header and
 // metadata are needed (`bytes` may be a prefix) and the checksum is not checked. Returns
 // the reason the entry is bad, or nothing.
-std::optional<std::string> parse_entry(const std::string& bytes, const std::string& key,
-                                       bool full, size_t file_size, ParsedEntry& out) {
+std::optional<std::string> parse_entry(const std::string& bytes, const std::string& key, bool full,
+                                       size_t file_size, ParsedEntry& out) {
   if (file_size < kHeaderBytes)
     return "truncated: " + std::to_string(file_size) + " bytes, shorter than the header";
   if (std::memcmp(bytes.data(), kMagic, sizeof kMagic) != 0)
@@ -283,8 +284,8 @@ std::optional<std::string> parse_entry(const std::string& bytes, const std::stri
   if (meta_len > file_size || source_len > file_size || object_len > file_size ||
       kHeaderBytes + meta_len + source_len + object_len != file_size)
     return "truncated or padded: header promises " +
-           std::to_string(kHeaderBytes + meta_len + source_len + object_len) +
-           " bytes, file has " + std::to_string(file_size);
+           std::to_string(kHeaderBytes + meta_len + source_len + object_len) + " bytes, file has " +
+           std::to_string(file_size);
   if (bytes.size() < kHeaderBytes + meta_len) return std::string("short read");
   if (full) {
     if (bytes.size() != file_size) return std::string("short read");
@@ -309,7 +310,8 @@ std::optional<std::string> parse_entry(const std::string& bytes, const std::stri
     return std::string("bad metadata: ") + e.what();
   }
   if (out.record.key != key) return "entry belongs to key " + out.record.key;
-  if (out.record.object_bytes != object_len) return std::string("object size disagrees with metadata");
+  if (out.record.object_bytes != object_len)
+    return std::string("object size disagrees with metadata");
   if (full) {
     out.source = bytes.substr(kHeaderBytes + meta_len, source_len);
     out.object = bytes.substr(kHeaderBytes + meta_len + source_len, object_len);
@@ -365,8 +367,9 @@ void warn_discard(const std::string& path, const std::string& why) {
 struct KernelCache::Entry {
   std::mutex mutex;
   bool ready = false;
-  std::unique_ptr<LoadedModule> module;
+  std::unique_ptr<LoadedModule> module;  // CPU kernels
   std::map<std::string, void*> symbols;
+  std::vector<uint8_t> image;  // device images
   KernelRecord record;
   // Values of the record's counters last agreed with disk; a flush adds the difference.
   uint64_t synced_hits = 0, synced_launches = 0;
@@ -416,6 +419,9 @@ std::string KernelCache::meta_path(const std::string& key) const {
 std::string KernelCache::key_for(const std::string& source, CpuCompiler& compiler) {
   return key_of(source, compiler.identity(), host_cpu_features());
 }
+std::string KernelCache::key_for(const std::string& source, ImageCompiler& compiler) {
+  return key_of(source, compiler.identity(), compiler.target());
+}
 
 KernelCache::Entry& KernelCache::entry_for(const std::string& key) {
   std::lock_guard<std::mutex> lock(map_mutex_);
@@ -427,12 +433,23 @@ KernelCache::Entry& KernelCache::entry_for(const std::string& key) {
   return *slot;
 }
 
-KernelHandle KernelCache::get(const std::string& source, const std::string& entry_name,
-                              const std::vector<std::string>& source_ops,
-                              CpuCompiler& compiler) {
-  const std::string key = key_for(source, compiler);
-  Entry& e = entry_for(key);
-  std::lock_guard<std::mutex> lock(e.mutex);
+// What get() and get_image() differ in: how a kernel is compiled and what becomes of the
+// bytes (a CPU object is loaded into this process, a device image is kept for the runtime).
+struct KernelCache::Builder {
+  std::string identity, target;
+  const char* source_suffix;  // of the source path hint in compiler messages
+  std::function<std::vector<uint8_t>(const std::string& source, const std::string& hint)> compile;
+  // Makes `entry` usable from `object`; throws CompileError when the object does not load.
+  std::function<void(Entry& entry, std::vector<uint8_t> object)> install;
+};
+
+KernelCache::Entry& KernelCache::ready_entry(const std::string& source,
+                                             const std::string& entry_name,
+                                             const std::vector<std::string>& source_ops,
+                                             const Builder& builder,
+                                             std::unique_lock<std::mutex>& lock) {
+  Entry& e = entry_for(key_of(source, builder.identity, builder.target));
+  lock = std::unique_lock<std::mutex>(e.mutex);
   if (e.ready) {
     e.record.hits++;
     e.record.last_used_unix = now_unix();
@@ -441,57 +458,85 @@ KernelHandle KernelCache::get(const std::string& source, const std::string& entr
     std::lock_guard<std::mutex> stats_lock(stats_mutex_);
     counters_.memory_hits++;
   } else {
-    fill(e, source, entry_name, source_ops, compiler);
+    fill(e, source, entry_name, source_ops, builder);
   }
+  return e;
+}
+
+KernelHandle KernelCache::get(const std::string& source, const std::string& entry_name,
+                              const std::vector<std::string>& source_ops, CpuCompiler& compiler) {
+  Builder builder{
+      compiler.identity(), host_cpu_features(), ".cpp",
+      [&](const std::string& src, const std::string& hint) { return compiler.compile(src, hint); },
+      [&](Entry& entry, std::vector<uint8_t> object) {
+        entry.module = compiler.load(object);
+        if (!entry.module) throw CompileError("[kernel cache] object does not load");
+      }};
+  std::unique_lock<std::mutex> lock;
+  Entry& e = ready_entry(source, entry_name, source_ops, builder, lock);
   auto it = e.symbols.find(entry_name);
   if (it == e.symbols.end()) {
     void* fn = e.module->symbol(entry_name);
     if (!fn)
-      throw CompileError("[kernel cache] kernel " + key + " has no entry point '" + entry_name +
-                         "'");
+      throw CompileError("[kernel cache] kernel " + e.record.key + " has no entry point '" +
+                         entry_name + "'");
     it = e.symbols.emplace(entry_name, fn).first;
   }
   return {it->second, &e.record};
 }
 
+ImageHandle KernelCache::get_image(const std::string& source, const std::string& entry_name,
+                                   const std::vector<std::string>& source_ops,
+                                   ImageCompiler& compiler) {
+  Builder builder{
+      compiler.identity(), compiler.target(), ".cu",
+      [&](const std::string& src, const std::string& hint) { return compiler.compile(src, hint); },
+      [](Entry& entry, std::vector<uint8_t> object) {
+        if (object.empty()) throw CompileError("[kernel cache] empty device image");
+        entry.image = std::move(object);
+      }};
+  std::unique_lock<std::mutex> lock;
+  Entry& e = ready_entry(source, entry_name, source_ops, builder, lock);
+  return {&e.image, &e.record};
+}
+
 void KernelCache::fill(Entry& e, const std::string& source, const std::string& entry_name,
-                       const std::vector<std::string>& source_ops, CpuCompiler& compiler) {
+                       const std::vector<std::string>& source_ops, const Builder& builder) {
   std::string reason = "not in memory or on disk";
   if (disk_enabled_) {
     std::string why;
-    if (load_from_disk(e, compiler, why)) return;
+    if (load_from_disk(e, builder, why)) return;
     if (!why.empty()) reason = "disk entry corrupt: " + why;
   } else {
     reason = "not in memory (no disk cache)";
   }
 
   const std::string& key = e.record.key;
-  if (debug_log())
-    print_line("kiln: debug: compile " + key + " (" + entry_name + "): " + reason);
+  if (debug_log()) print_line("kiln: debug: compile " + key + " (" + entry_name + "): " + reason);
   if (dump_kernels())
     print_line("kiln: kernel " + key + " (" + entry_name + ") from [" + join(source_ops, ", ") +
                "]:\n" + source + "\nkiln: end of kernel " + key);
 
   const auto start = Clock::now();
   // The hint names the kernel in compiler diagnostics; no file of that name need exist.
-  std::vector<uint8_t> object = compiler.compile(source, "kiln_" + key + ".cpp");
-  std::unique_ptr<LoadedModule> module = compiler.load(object);
+  std::vector<uint8_t> object = builder.compile(source, "kiln_" + key + builder.source_suffix);
+  const size_t object_bytes = object.size();
+  builder.install(e, disk_enabled_ ? object : std::move(object));
   const double compile_ms = ms_since(start);
 
   KernelRecord& r = e.record;
   r.name = entry_name;
   r.source_ops = source_ops;
-  r.compiler = compiler.identity();
-  r.target = host_cpu_features();
+  r.compiler = builder.identity;
+  r.target = builder.target;
   r.compile_ms = compile_ms;
-  r.object_bytes = object.size();
+  r.object_bytes = object_bytes;
   r.created_unix = r.last_used_unix = now_unix();
   r.hits = r.launches = 0;
   r.run_ms_total = 0;
   e.synced_hits = e.synced_launches = 0;
   e.synced_run_ms = 0;
   e.last_used_ns.store(now_ns(), std::memory_order_relaxed);
-  e.module = std::move(module);
   e.ready = true;
   {
     std::lock_guard<std::mutex> lock(stats_mutex_);
@@ -501,7 +546,7 @@ void KernelCache::fill(Entry& e, const std::string& source, const std::string& e
   if (disk_enabled_) store(e, source, object);
 }
 
-bool KernelCache::load_from_disk(Entry& e, CpuCompiler& compiler, std::string& why) {
+bool KernelCache::load_from_disk(Entry& e, const Builder& builder, std::string& why) {
   const std::string& key = e.record.key;
   const std::string path = entry_path(key);
   const auto start = Clock::now();
@@ -515,16 +560,13 @@ bool KernelCache::load_from_disk(Entry& e, CpuCompiler& compiler, std::string& w
     why = std::string("cannot read: ") + std::strerror(err);
   } else if (auto bad = parse_entry(bytes, key, true, bytes.size(), parsed)) {
     why = *bad;
-  } else if (parsed.record.compiler != compiler.identity() ||
-             parsed.record.target != host_cpu_features()) {
+  } else if (parsed.record.compiler != builder.identity || parsed.record.target != builder.target) {
     // Unreachable unless the hash collides; checked because running an object built for
-    // other CPU features is the one thing the cache must never do.
-    why = "built by another compiler or for another CPU";
+    // other CPU features (or another GPU) is the one thing the cache must never do.
+    why = "built by another compiler or for another target";
   } else {
     try {
-      std::vector<uint8_t> object(parsed.object.begin(), parsed.object.end());
-      e.module = compiler.load(object);
-      if (!e.module) why = "object does not load";
+      builder.install(e, std::vector<uint8_t>(parsed.object.begin(), parsed.object.end()));
     } catch (const std::exception& ex) {
       why = std::string("object does not load: ") + ex.what();
     }
@@ -532,6 +574,7 @@ bool KernelCache::load_from_disk(Entry& e, CpuCompiler& compiler, std::string& w
 
   if (!why.empty()) {
     e.module.reset();
+    e.image.clear();
     warn_discard(path, why);
     // Remove only the file we read: another process may have replaced it meanwhile.
     struct stat st {};
@@ -605,8 +648,10 @@ void KernelCache::enforce_cap(const std::string& keep_key, size_t stored_bytes) 
   std::map<std::string, Candidate> by_key;
   for (const DirFile& f : list_directory(directory_)) {
     std::string key;
-    if (ends_with(f.name, kEntrySuffix)) key = f.name.substr(0, f.name.size() - 3);
-    else if (ends_with(f.name, kMetaSuffix)) key = f.name.substr(0, f.name.size() - 5);
+    if (ends_with(f.name, kEntrySuffix))
+      key = f.name.substr(0, f.name.size() - 3);
+    else if (ends_with(f.name, kMetaSuffix))
+      key = f.name.substr(0, f.name.size() - 5);
     if (!is_key(key)) continue;
     Candidate& c = by_key.try_emplace(key, Candidate{key, 0, 0}).first->second;
     c.used_ns = std::max(c.used_ns, mtime_ns(f.st));
@@ -759,8 +804,8 @@ std::pair<KernelRecord, std::string> KernelCache::show(const std::string& key_pr
     throw ValueError("[kernel cache] no entry in " + directory_ + " has a key starting with '" +
                      key_prefix + "'");
   if (matches.size() > 1)
-    throw ValueError("[kernel cache] key prefix '" + key_prefix + "' is ambiguous: " +
-                     std::to_string(matches.size()) + " entries match");
+    throw ValueError("[kernel cache] key prefix '" + key_prefix +
+                     "' is ambiguous: " + std::to_string(matches.size()) + " entries match");
   const std::string& key = matches[0];
   std::string bytes;
   if (int err = read_file(entry_path(key), bytes))
@@ -849,8 +894,9 @@ std::string default_cache_directory() {
     if (const passwd* pw = ::getpwuid(::getuid())) home = pw->pw_dir;
   }
   if (!home || !*home) {
-    print_line("kiln: warning: no home directory and no KILN_CACHE_DIR; caching kernels in "
-               "memory only");
+    print_line(
+        "kiln: warning: no home directory and no KILN_CACHE_DIR; caching kernels in "
+        "memory only");
     return "";
   }
   return std::string(home) + "/.cache/kiln";

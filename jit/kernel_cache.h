@@ -2,11 +2,13 @@
 // The kernel cache: printed kernel source -> loaded entry point, in memory and on disk.
 //
 // A kernel is keyed by a 128-bit hash of (cache format version, source, compiler identity,
-// host CPU features), so an object is only ever reused by the same compiler for the same
-// CPU. The memory level keeps every kernel this process has loaded; the disk level (one
-// file per key, see docs/kernel-cache.md) survives the process and may be shared by several
-// processes. Disk entries are written atomically and carry a checksum: a damaged, foreign or
-// stale entry is discarded with one warning and recompiled, never trusted.
+// target), so an object is only ever reused by the same compiler for the same target: the
+// host CPU's features for CPU kernels, the GPU architecture ("sm_90") for device images,
+// which are compiled and cached here but loaded by the device runtime. The memory level keeps every
+// kernel this process has loaded; the disk level (one file per key, see docs/kernel-cache.md)
+// survives the process and may be shared by several processes. Disk entries are written atomically
+// and carry a checksum: a damaged, foreign or stale entry is discarded with one warning and
+// recompiled, never trusted.
 #include <cstddef>
 #include <cstdint>
 #include <map>
@@ -41,13 +43,13 @@ struct KernelRecord {
   std::string name;                     ///< the entry point's name
   std::vector<std::string> source_ops;  ///< graph ops the kernel was generated from
   std::string compiler;                 ///< compiler identity
-  std::string target;                   ///< host CPU features it was compiled for
+  std::string target;                   ///< host CPU features, or GPU arch ("sm_90")
   double compile_ms = 0;
   size_t object_bytes = 0;
   int64_t created_unix = 0, last_used_unix = 0;
-  uint64_t hits = 0;          ///< cache hits (memory and disk), all processes, best effort
-  uint64_t launches = 0;      ///< launches counted through KernelHandle::record
-  double run_ms_total = 0;    ///< run time counted through KernelHandle::record
+  uint64_t hits = 0;        ///< cache hits (memory and disk), all processes, best effort
+  uint64_t launches = 0;    ///< launches counted through KernelHandle::record
+  double run_ms_total = 0;  ///< run time counted through KernelHandle::record
 };
 
 /// A compiled kernel's entry point plus its record. The record lives as long as the cache;
@@ -55,6 +57,26 @@ struct KernelRecord {
 /// the cache does not lock these two fields).
 struct KernelHandle {
   void* fn = nullptr;
+  KernelRecord* record = nullptr;
+};
+
+/// A compiler of device images (NVRTC): the cache stores what it produces but does not
+/// load it into this process.
+class ImageCompiler {
+ public:
+  virtual ~ImageCompiler() = default;
+  /// Compiler identity, version and flags, e.g. "nvrtc 13.0 -O3 --fmad=false"; in the key.
+  virtual std::string identity() const = 0;
+  /// What the image is for, e.g. "sm_90"; in the key and KernelRecord::target.
+  virtual std::string target() const = 0;
+  /// Compiles `source`; throws kiln::CompileError with the log and `source_path_hint`.
+  virtual std::vector<uint8_t> compile(const std::string& source,
+                                       const std::string& source_path_hint) = 0;
+};
+
+/// A compiled device image and its record, both owned by the cache (stable pointers).
+struct ImageHandle {
+  const std::vector<uint8_t>* image = nullptr;
   KernelRecord* record = nullptr;
 };
 
@@ -74,9 +96,16 @@ class KernelCache {
   /// Throws kiln::CompileError when the source does not compile or `entry` is missing.
   KernelHandle get(const std::string& source, const std::string& entry,
                    const std::vector<std::string>& source_ops, CpuCompiler& compiler);
+  /// Returns the image of `source` built by `compiler`: memory hit, else verified disk hit,
+  /// else compile + store. Thread-safe like get(); `entry` names the module in the record.
+  /// Throws kiln::CompileError when the source does not compile.
+  ImageHandle get_image(const std::string& source, const std::string& entry,
+                        const std::vector<std::string>& source_ops, ImageCompiler& compiler);
   /// key = hex of a 128-bit hash of (format version, source, compiler identity,
   /// host_cpu_features()).
   static std::string key_for(const std::string& source, CpuCompiler& compiler);
+  /// key of a device image: (format version, source, compiler identity, compiler target).
+  static std::string key_for(const std::string& source, ImageCompiler& compiler);
 
   CacheStats stats() const;
   /// Records of kernels used in this process (memory level).
@@ -100,11 +129,15 @@ class KernelCache {
 
  private:
   struct Entry;
+  struct Builder;
 
   Entry& entry_for(const std::string& key);
+  Entry& ready_entry(const std::string& source, const std::string& entry_name,
+                     const std::vector<std::string>& source_ops, const Builder& builder,
+                     std::unique_lock<std::mutex>& lock);
   void fill(Entry& entry, const std::string& source, const std::string& entry_name,
-            const std::vector<std::string>& source_ops, CpuCompiler& compiler);
-  bool load_from_disk(Entry& entry, CpuCompiler& compiler, std::string& why);
+            const std::vector<std::string>& source_ops, const Builder& builder);
+  bool load_from_disk(Entry& entry, const Builder& builder, std::string& why);
   void store(Entry& entry, const std::string& source, const std::vector<uint8_t>& object);
   void flush_entry(Entry& entry);
   void enforce_cap(const std::string& keep_key, size_t stored_bytes);

@@ -2,7 +2,7 @@
 // Prints kernel IR as self-contained C++ (no #include) for the CPU compilers.
 #include <string>
 
-#include "kernel_ir.h"
+#include "printer_common.h"
 
 namespace kiln::jit {
 
@@ -13,14 +13,9 @@ struct PrintedKernel {
 };
 
 /// Prints `ir`. The entry point has the signature
-/// `void entry(char** bufs, const long long* params, long long begin, long long end, long long part)`:
-/// bufs[0] is the output (the accumulator for scatters), bufs[1..n] the inputs, bufs[n+1]
+/// `void entry(char** bufs, const long long* params, long long begin, long long end, long long
+/// part)`: bufs[0] is the output (the accumulator for scatters), bufs[1..n] the inputs, bufs[n+1]
 /// per-thread partials of a whole-tensor reduction, bufs[n+2] the error record.
 PrintedKernel print_cpp(const KernelIR& ir);
-
-/// Element type of reduction accumulators and partials: float32 or float64 for floating
-/// outputs (float64 for scatters, which accumulate exactly as the reference does), int64
-/// otherwise.
-DType accumulator_dtype(const KernelIR& ir);
 
 }  // namespace kiln::jit
