@@ -1,6 +1,6 @@
 #pragma once
-// Where a tensor's value lives. Only the CPU executes today; CUDA devices are part of the
-// type system so that device checks and placement are in place before the backend lands.
+// Where a tensor's value lives and runs: the host CPU or a CUDA device (core/cuda_driver.h
+// finds the devices; without a driver asking for one raises DeviceError).
 #include <string>
 
 namespace kiln {
@@ -17,7 +17,15 @@ struct Device {
   static constexpr Device cuda(int i = 0) { return Device{Kind::CUDA, i}; }
   /// "cpu" or "cuda:0".
   std::string str() const { return kind == Kind::CPU ? "cpu" : "cuda:" + std::to_string(index); }
+  bool is_cuda() const { return kind == Kind::CUDA; }
   friend bool operator==(const Device&, const Device&) = default;
 };
+
+/// The device factories use when none is given (cpu unless set); process-wide.
+Device default_device();
+/// Sets the default device; throws DeviceError for a CUDA device that is not present.
+void set_default_device(Device device);
+/// Throws DeviceError naming `op` unless `device` exists here (cpu always does).
+void check_device_available(const char* op, Device device);
 
 }  // namespace kiln

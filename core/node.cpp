@@ -6,6 +6,7 @@
 #include <string>
 #include <unordered_set>
 
+#include "cuda_driver.h"
 #include "error.h"
 
 namespace kiln {
@@ -61,7 +62,8 @@ ExecutorFn select_executor(std::string* chosen) {
   }
   if (best == nullptr) {
     std::string known;
-    for (const ExecutorEntry& e : r.entries) known += std::string(known.empty() ? "" : ", ") + e.name;
+    for (const ExecutorEntry& e : r.entries)
+      known += std::string(known.empty() ? "" : ", ") + e.name;
     throw ValueError("[eval] no executor named '" + r.forced + "'; available: " + known);
   }
   if (chosen) *chosen = best->name;
@@ -125,18 +127,70 @@ std::recursive_mutex g_eval_mutex;
 
 }  // namespace
 
+namespace {
+std::atomic<uint32_t> g_default_device{0};  // kind << 16 | index
+}  // namespace
+
+NodePtr Node::with(OpCode new_op, std::vector<NodePtr> new_inputs, Device new_device) const {
+  auto copy = std::make_shared<Node>(new_op, std::move(new_inputs), shape, dtype, new_device);
+  copy->scalar = scalar;
+  copy->index_map = index_map;
+  copy->reduce = reduce;
+  copy->check_indices = check_indices;
+  copy->axis = axis;
+  copy->seed = seed;
+  copy->offset = offset;
+  copy->weak_scalar = weak_scalar;
+  copy->origin = origin;
+  copy->requires_grad = false;
+  return copy;
+}
+
+Device default_device() {
+  uint32_t v = g_default_device.load(std::memory_order_relaxed);
+  return Device{static_cast<Device::Kind>(v >> 16), static_cast<int>(v & 0xffff)};
+}
+
+void set_default_device(Device device) {
+  check_device_available("set_default_device", device);
+  g_default_device.store(
+      static_cast<uint32_t>(device.kind) << 16 | static_cast<uint32_t>(device.index),
+      std::memory_order_relaxed);
+}
+
+void check_device_available(const char* op, Device device) {
+  if (device.kind == Device::Kind::CPU) return;
+  if (device.index < 0 || device.index > 0xffff) {
+    throw DeviceError(std::string("[") + op + "] " + device.str() + " is not a device index");
+  }
+  int count = cuda::device_count();
+  if (device.index >= count) {
+    throw DeviceError(std::string("[") + op + "] " + device.str() + " is not available: " +
+                      (count == 0
+                           ? cuda::driver_status()
+                           : "this machine has " + std::to_string(count) + " CUDA device(s)") +
+                      "; use Device::cpu()");
+  }
+}
+
 std::string_view op_name(OpCode op) { return kOpTraits[static_cast<int>(op)].name; }
 OpFamily op_family(OpCode op) { return kOpTraits[static_cast<int>(op)].family; }
 int op_arity(OpCode op) { return kOpTraits[static_cast<int>(op)].arity; }
 
 std::string_view reduce_name(ReduceOp op) {
   switch (op) {
-    case ReduceOp::Sum: return "sum";
-    case ReduceOp::Prod: return "prod";
-    case ReduceOp::Max: return "max";
-    case ReduceOp::Min: return "min";
-    case ReduceOp::And: return "and";
-    case ReduceOp::Or: break;
+    case ReduceOp::Sum:
+      return "sum";
+    case ReduceOp::Prod:
+      return "prod";
+    case ReduceOp::Max:
+      return "max";
+    case ReduceOp::Min:
+      return "min";
+    case ReduceOp::And:
+      return "and";
+    case ReduceOp::Or:
+      break;
   }
   return "or";
 }

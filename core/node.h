@@ -72,6 +72,9 @@ struct Node : std::enable_shared_from_this<Node> {
   const uint64_t id;
 
   bool is_evaluated() const { return buffer != nullptr; }
+  /// A new node with this one's attributes (fill, map, reduce, seed, origin, ...) but the
+  /// given op, inputs and device; no buffer, no gradient flags.
+  NodePtr with(OpCode new_op, std::vector<NodePtr> new_inputs, Device new_device) const;
   int64_t numel() const { return kiln::numel(shape); }
   size_t nbytes() const { return static_cast<size_t>(numel()) * itemsize(dtype); }
 
@@ -82,7 +85,8 @@ struct Node : std::enable_shared_from_this<Node> {
 /// Runs the graph: given pending nodes in topological order and the subset requested, it
 /// must attach a buffer to every requested node, and should also keep values that have
 /// user handles. Registered by ops/ (reference evaluator) and jit/.
-using ExecutorFn = void (*)(const std::vector<Node*>& schedule, const std::vector<Node*>& requested);
+using ExecutorFn = void (*)(const std::vector<Node*>& schedule,
+                            const std::vector<Node*>& requested);
 
 /// Registers an executor under `name` ("reference", "jit"); higher priority wins by default.
 void register_executor(const char* name, int priority, ExecutorFn fn);

@@ -9,7 +9,8 @@
 namespace kiln {
 
 /// How an op maps inputs to outputs; passes query families rather than individual ops.
-enum class OpFamily : uint8_t { Source, Elementwise, Reindex, ReindexReduce };
+/// Transfer moves a value between devices; it never fuses and is not printed as a kernel.
+enum class OpFamily : uint8_t { Source, Elementwise, Reindex, ReindexReduce, Transfer };
 
 // clang-format off
 #define KILN_META_OPS(X)                                          \
@@ -71,7 +72,9 @@ enum class OpFamily : uint8_t { Source, Elementwise, Reindex, ReindexReduce };
   X(Where, "where", Elementwise, 3)                               \
   /* index maps */                                                \
   X(Reindex, "reindex", Reindex, -1)                              \
-  X(ReindexReduce, "reindex_reduce", ReindexReduce, -1)
+  X(ReindexReduce, "reindex_reduce", ReindexReduce, -1)         \
+  /* placement */                                                 \
+  X(Transfer, "to_device", Transfer, 1)
 // clang-format on
 
 /// Identifies a meta-op.

@@ -79,20 +79,9 @@ namespace {
 // one, and otherwise carries the same computation (CSE merges the two if both run).
 NodePtr detached_copy(const Node& n) {
   bool evaluated = n.is_evaluated();
-  auto copy = std::make_shared<Node>(evaluated ? OpCode::Constant : n.op,
-                                     evaluated ? std::vector<NodePtr>{} : n.inputs, n.shape,
-                                     n.dtype, n.device);
-  copy->scalar = n.scalar;
-  copy->index_map = n.index_map;
-  copy->reduce = n.reduce;
-  copy->check_indices = n.check_indices;
-  copy->axis = n.axis;
-  copy->seed = n.seed;
-  copy->offset = n.offset;
-  copy->weak_scalar = n.weak_scalar;
-  copy->origin = n.origin;
+  NodePtr copy = n.with(evaluated ? OpCode::Constant : n.op,
+                        evaluated ? std::vector<NodePtr>{} : n.inputs, n.device);
   copy->buffer = n.buffer;
-  copy->requires_grad = false;
   return copy;
 }
 
@@ -150,7 +139,7 @@ const Tensor& Tensor::eval() const {
 
 const void* Tensor::raw_data() const {
   eval();
-  return node()->buffer->data();
+  return node()->buffer->host_data();
 }
 
 void eval(const std::vector<Tensor>& tensors) {

@@ -44,8 +44,12 @@ class Tensor {
   /// Pointer to the row-major elements; T must be exactly the tensor's dtype.
   template <typename T>
   const T* data() const;
-  /// Pointer to the row-major elements after evaluation.
+  /// Pointer to the row-major elements after evaluation, in host memory (a CUDA tensor's
+  /// value is copied to a host mirror kept with its buffer).
   const void* raw_data() const;
+  /// The same value on `device` (a lazy, differentiable copy; this tensor when already
+  /// there). Defined in ops/transfer.cpp.
+  Tensor to(Device device) const;
 
   /// PyTorch-style text: values (summarised past 1000 elements), shape and dtype.
   std::string str() const;
@@ -119,9 +123,8 @@ void store_scalar(void* data, DType dtype, int64_t i, const Scalar& v);
 
 template <typename T>
 std::vector<T> Tensor::to_vector() const {
-  eval();
+  const void* p = raw_data();
   const Node& n = *node();
-  const void* p = n.buffer->data();
   std::vector<T> out(static_cast<size_t>(n.numel()));
   bool exact_int = !is_floating(n.dtype);
   for (size_t i = 0; i < out.size(); ++i) {
@@ -140,8 +143,7 @@ template <typename T>
 T Tensor::item() const {
   const Node& n = checked("item");
   if (n.numel() != 1) {
-    throw ValueError("[item] expected a tensor with one element, got shape " +
-                     shape_str(n.shape));
+    throw ValueError("[item] expected a tensor with one element, got shape " + shape_str(n.shape));
   }
   return to_vector<T>()[0];
 }

@@ -83,7 +83,7 @@ Batch TensorDataset::get(const std::vector<int64_t>& indices) const {
     }
     Shape shape = t.shape();
     shape[0] = static_cast<int64_t>(indices.size());
-    batch.tensors.push_back(from_data(bytes.data(), shape, t.dtype()));
+    batch.tensors.push_back(from_data(bytes.data(), shape, t.dtype(), t.device()));
   }
   return batch;
 }

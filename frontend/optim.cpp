@@ -20,16 +20,17 @@ std::string num(double v) { return Scalar(v).str(); }
 // A C++ number would become a literal in the generated source and compile a new kernel
 // every step; a constant is a kernel argument. float64 parameters get a float64 value,
 // the others float32 (the operand is converted to the parameter's dtype in the kernel).
-Tensor step_scalar(double value, DType param_dtype) {
-  if (param_dtype == DType::Float64) return kiln::tensor(value);
-  return kiln::tensor(static_cast<float>(value));
+// It lives on the parameter's device, so a CUDA step reads it as a kernel argument too.
+Tensor step_scalar(double value, const Tensor& param) {
+  if (param.dtype() == DType::Float64) return kiln::tensor(value, param.device());
+  return kiln::tensor(static_cast<float>(value), param.device());
 }
 
 // An evaluated all-zero constant shaped like `like`: the first update then has the same
 // graph structure as the later ones and reuses their kernels.
 Tensor zero_state(const Tensor& like) {
   std::vector<unsigned char> bytes(std::max<size_t>(1, like.node()->nbytes()), 0);
-  return from_data(bytes.data(), like.shape(), like.dtype());
+  return from_data(bytes.data(), like.shape(), like.dtype(), like.device());
 }
 
 // A new handle to the same value: assign() on it leaves the source handle alone.
@@ -247,11 +248,12 @@ void SGD::step() {
       if (fresh || !buf.defined()) {
         buf = own_handle(d);
       } else {
-        buf.assign(o.dampening == 0 ? buf * o.momentum + d : buf * o.momentum + d * (1 - o.dampening));
+        buf.assign(o.dampening == 0 ? buf * o.momentum + d
+                                    : buf * o.momentum + d * (1 - o.dampening));
       }
       d = o.nesterov ? d + buf * o.momentum : buf;
     }
-    p.assign(p - step_scalar(o.lr, p.dtype()) * d);
+    p.assign(p - step_scalar(o.lr, p) * d);
   });
 }
 
@@ -282,11 +284,10 @@ template <typename Options>
 void adam_update(Tensor p, Tensor g, std::map<std::string, Tensor>& state, int64_t step,
                  const Options& o, bool decoupled) {
   const auto [beta1, beta2] = o.betas;
-  const DType dt = p.dtype();
   Tensor param = p;
   if (o.weight_decay != 0) {
     if (decoupled)
-      param = param * step_scalar(1 - o.lr * o.weight_decay, dt);
+      param = param * step_scalar(1 - o.lr * o.weight_decay, p);
     else
       g = g + param * o.weight_decay;
   }
@@ -309,8 +310,8 @@ void adam_update(Tensor p, Tensor g, std::map<std::string, Tensor>& state, int64
     max_sq.assign(maximum(max_sq, exp_avg_sq));
     second = max_sq;
   }
-  Tensor denom = sqrt(second) / step_scalar(bias_correction2_sqrt, dt) + o.eps;
-  p.assign(param - step_scalar(step_size, dt) * (exp_avg / denom));
+  Tensor denom = sqrt(second) / step_scalar(bias_correction2_sqrt, p) + o.eps;
+  p.assign(param - step_scalar(step_size, p) * (exp_avg / denom));
 }
 
 }  // namespace

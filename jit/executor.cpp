@@ -13,10 +13,13 @@
 #include "../core/structural_hash.h"
 #include "../core/tensor.h"
 #include "../core/thread_pool.h"
+#include "../ops/transfer.h"
 #include "compiler.h"
+#include "cuda_launch.h"
 #include "fuse.h"
 #include "kernel_cache.h"
 #include "kernel_ir.h"
+#include "nvrtc_check.h"
 #include "printer_cpp.h"
 #include "simplify.h"
 
@@ -35,10 +38,13 @@ template <typename Acc>
 Acc identity_of(ReduceOp op, DType dtype) {
   switch (op) {
     case ReduceOp::Sum:
-    case ReduceOp::Or: return 0;
+    case ReduceOp::Or:
+      return 0;
     case ReduceOp::Prod:
-    case ReduceOp::And: return 1;
-    default: break;
+    case ReduceOp::And:
+      return 1;
+    default:
+      break;
   }
   bool want_max = op == ReduceOp::Min;
   if constexpr (std::is_floating_point_v<Acc>) {
@@ -47,7 +53,8 @@ Acc identity_of(ReduceOp op, DType dtype) {
     return visit_dtype(dtype, [&](auto tag) -> Acc {
       using T = decltype(tag);
       if constexpr (std::is_integral_v<T>)
-        return want_max ? static_cast<Acc>(std::numeric_limits<T>::max()) : static_cast<Acc>(std::numeric_limits<T>::lowest());
+        return want_max ? static_cast<Acc>(std::numeric_limits<T>::max())
+                        : static_cast<Acc>(std::numeric_limits<T>::lowest());
       return 0;
     });
   }
@@ -57,11 +64,15 @@ template <typename Acc>
 Acc combine(ReduceOp op, Acc a, Acc b) {
   switch (op) {
     case ReduceOp::Sum:
-      if constexpr (std::is_integral_v<Acc>) return static_cast<Acc>(static_cast<uint64_t>(a) + static_cast<uint64_t>(b));
-      else return a + b;
+      if constexpr (std::is_integral_v<Acc>)
+        return static_cast<Acc>(static_cast<uint64_t>(a) + static_cast<uint64_t>(b));
+      else
+        return a + b;
     case ReduceOp::Prod:
-      if constexpr (std::is_integral_v<Acc>) return static_cast<Acc>(static_cast<uint64_t>(a) * static_cast<uint64_t>(b));
-      else return a * b;
+      if constexpr (std::is_integral_v<Acc>)
+        return static_cast<Acc>(static_cast<uint64_t>(a) * static_cast<uint64_t>(b));
+      else
+        return a * b;
     case ReduceOp::Max:
       if constexpr (std::is_floating_point_v<Acc>)
         if (std::isnan(a) || std::isnan(b)) return a + b;
@@ -70,26 +81,18 @@ Acc combine(ReduceOp op, Acc a, Acc b) {
       if constexpr (std::is_floating_point_v<Acc>)
         if (std::isnan(a) || std::isnan(b)) return a + b;
       return a < b ? a : b;
-    case ReduceOp::And: return (a != 0) && (b != 0);
-    case ReduceOp::Or: break;
+    case ReduceOp::And:
+      return (a != 0) && (b != 0);
+    case ReduceOp::Or:
+      break;
   }
   return (a != 0) || (b != 0);
 }
 
 const char* name_of(const Node& n) { return n.origin ? n.origin : op_name(n.op).data(); }
 
-[[noreturn]] void raise_index_error(const KernelIR& ir, const Node& root, const int64_t* err) {
-  std::string op = name_of(root), where = "a dimension";
-  if (err[1] >= 0 && static_cast<size_t>(err[1]) < ir.error_sites.size()) {
-    const KernelIR::ErrorSite& site = ir.error_sites[err[1]];
-    op = site.op;
-    where = "dimension " + std::to_string(site.dim) + " of shape " + shape_str(site.shape);
-  }
-  throw IndexError("[" + op + "] index " + std::to_string(err[2]) + " is out of range for " + where +
-                   " (size " + std::to_string(err[3]) + "); expected 0 <= index < " + std::to_string(err[3]));
-}
-
-void run_whole_reduction(const LoweredKernel& lk, KernelFn fn, std::vector<char*>& bufs, Node& root) {
+void run_whole_reduction(const LoweredKernel& lk, KernelFn fn, std::vector<char*>& bufs,
+                         Node& root) {
   const int64_t n = lk.parallel_extent;
   ThreadPool& pool = thread_pool();
   const int64_t parts = std::max<int64_t>(chunk_count(n, kGrain, pool.size()), 1);
@@ -97,13 +100,17 @@ void run_whole_reduction(const LoweredKernel& lk, KernelFn fn, std::vector<char*
   std::vector<double> pd;
   std::vector<float> pf;
   std::vector<int64_t> pi;
-  if (acc == DType::Float32) pf.resize(parts), bufs[lk.ir.inputs.size() + 1] = reinterpret_cast<char*>(pf.data());
-  else if (acc == DType::Float64) pd.resize(parts), bufs[lk.ir.inputs.size() + 1] = reinterpret_cast<char*>(pd.data());
-  else pi.resize(parts), bufs[lk.ir.inputs.size() + 1] = reinterpret_cast<char*>(pi.data());
+  if (acc == DType::Float32)
+    pf.resize(parts), bufs[lk.ir.inputs.size() + 1] = reinterpret_cast<char*>(pf.data());
+  else if (acc == DType::Float64)
+    pd.resize(parts), bufs[lk.ir.inputs.size() + 1] = reinterpret_cast<char*>(pd.data());
+  else
+    pi.resize(parts), bufs[lk.ir.inputs.size() + 1] = reinterpret_cast<char*>(pi.data());
   const int64_t* params = lk.params.data();
   if (n > 0) {
     pool.parallel_for(parts, 1, [&](int64_t kb, int64_t ke) {
-      for (int64_t k = kb; k < ke; ++k) fn(bufs.data(), params, chunk_begin(n, parts, k), chunk_begin(n, parts, k + 1), k);
+      for (int64_t k = kb; k < ke; ++k)
+        fn(bufs.data(), params, chunk_begin(n, parts, k), chunk_begin(n, parts, k + 1), k);
     });
   }
   // Partials combine in chunk order, so a fixed thread count gives fixed bits.
@@ -116,7 +123,8 @@ void run_whole_reduction(const LoweredKernel& lk, KernelFn fn, std::vector<char*
   } else {
     double total = identity_of<double>(op, root.dtype);
     if (n > 0)
-      for (int64_t k = 0; k < parts; ++k) total = combine(op, total, acc == DType::Float32 ? static_cast<double>(pf[k]) : pd[k]);
+      for (int64_t k = 0; k < parts; ++k)
+        total = combine(op, total, acc == DType::Float32 ? static_cast<double>(pf[k]) : pd[k]);
     kiln::detail::store_double(root.buffer->data(), root.dtype, 0, total);
   }
 }
@@ -131,14 +139,16 @@ void run_scatter(const LoweredKernel& lk, KernelFn fn, std::vector<char*>& bufs,
   const bool in_place = kInPlaceCapable && root.dtype == DType::Float64;
   std::vector<Acc> acc(in_place ? 0 : static_cast<size_t>(n));
   Acc* target = in_place ? reinterpret_cast<Acc*>(root.buffer->data()) : acc.data();
-  thread_pool().parallel_for(n, kGrain, [&](int64_t b, int64_t e) { std::fill(target + b, target + e, identity); });
+  thread_pool().parallel_for(
+      n, kGrain, [&](int64_t b, int64_t e) { std::fill(target + b, target + e, identity); });
   bufs[0] = reinterpret_cast<char*>(target);
   const int64_t* params = lk.params.data();
   bool any = true;
   for (int64_t s : root.inputs[0]->shape) any = any && s > 0;
   if (any) {
     if (lk.ir.parallel_var >= 0) {
-      thread_pool().parallel_for(lk.parallel_extent, 1, [&](int64_t b, int64_t e) { fn(bufs.data(), params, b, e, 0); });
+      thread_pool().parallel_for(lk.parallel_extent, 1,
+                                 [&](int64_t b, int64_t e) { fn(bufs.data(), params, b, e, 0); });
     } else {
       fn(bufs.data(), params, 0, 1, 0);
     }
@@ -152,9 +162,11 @@ void run_scatter(const LoweredKernel& lk, KernelFn fn, std::vector<char*>& bufs,
         for (int64_t i = b; i < e; ++i) o[i] = static_cast<float>(acc[static_cast<size_t>(i)]);
         return;
       }
-      for (int64_t i = b; i < e; ++i) kiln::detail::store_double(out, root.dtype, i, acc[static_cast<size_t>(i)]);
+      for (int64_t i = b; i < e; ++i)
+        kiln::detail::store_double(out, root.dtype, i, acc[static_cast<size_t>(i)]);
     } else {
-      for (int64_t i = b; i < e; ++i) kiln::detail::store_int64(out, root.dtype, i, acc[static_cast<size_t>(i)]);
+      for (int64_t i = b; i < e; ++i)
+        kiln::detail::store_int64(out, root.dtype, i, acc[static_cast<size_t>(i)]);
     }
   });
 }
@@ -175,6 +187,9 @@ KernelHandle kernel_for(const KernelIR& ir) {
       return it->second;
     }
   }
+  // KILN_NVRTC_CHECK: every new CPU kernel must also compile for CUDA (tests use it to
+  // prove the CUDA printer on machines without a GPU).
+  nvrtc_check_kernel(ir);
   PrintedKernel pk = print_cpp(ir);
   KernelHandle h = kernel_cache().get(pk.source, pk.entry, ir.source_ops, cpu_compiler());
   std::lock_guard lock(g_memo_mutex);
@@ -183,8 +198,14 @@ KernelHandle kernel_for(const KernelIR& ir) {
 }
 
 void run_group(const FusionGroup& group) {
+  Node& target = *group.root;
+  if (target.op == OpCode::Transfer) {
+    target.buffer = kiln::detail::copy_buffer(*group.inputs.at(0)->buffer, target.device);
+    return;
+  }
   if (group.library) return run_gemm(group.gemm);
   LoweredKernel lk = lower(group);
+  if (target.device.is_cuda()) return run_cuda_kernel(lk, target);
   KernelHandle h = kernel_for(lk.ir);
   auto fn = reinterpret_cast<KernelFn>(h.fn);
   Node& root = *group.root;
@@ -192,7 +213,8 @@ void run_group(const FusionGroup& group) {
   root.buffer = buffer;
   std::vector<char*> bufs(lk.ir.inputs.size() + 3, nullptr);
   bufs[0] = static_cast<char*>(buffer->data());
-  for (size_t k = 0; k < lk.input_nodes.size(); ++k) bufs[k + 1] = static_cast<char*>(lk.input_nodes[k]->buffer->data());
+  for (size_t k = 0; k < lk.input_nodes.size(); ++k)
+    bufs[k + 1] = static_cast<char*>(lk.input_nodes[k]->buffer->data());
   int64_t err[4] = {0, 0, 0, 0};
   bufs[lk.ir.inputs.size() + 2] = reinterpret_cast<char*>(err);
   const int64_t* params = lk.params.data();
@@ -201,20 +223,27 @@ void run_group(const FusionGroup& group) {
     switch (lk.ir.kind) {
       case KernelIR::Kind::Map:
         if (lk.parallel_extent > 0)
-          thread_pool().parallel_for(lk.parallel_extent, kGrain, [&](int64_t b, int64_t e) { fn(bufs.data(), params, b, e, 0); });
+          thread_pool().parallel_for(lk.parallel_extent, kGrain, [&](int64_t b, int64_t e) {
+            fn(bufs.data(), params, b, e, 0);
+          });
         break;
       case KernelIR::Kind::InnerReduce:
         if (lk.ir.kept == 0) {
           run_whole_reduction(lk, fn, bufs, root);
         } else if (lk.parallel_extent > 0) {
-          int64_t per = std::max<int64_t>(root.inputs[0]->numel() / std::max<int64_t>(lk.parallel_extent, 1), 1);
+          int64_t per = std::max<int64_t>(
+              root.inputs[0]->numel() / std::max<int64_t>(lk.parallel_extent, 1), 1);
           int64_t grain = std::max<int64_t>(kGrain / per, 1);
-          thread_pool().parallel_for(lk.parallel_extent, grain, [&](int64_t b, int64_t e) { fn(bufs.data(), params, b, e, 0); });
+          thread_pool().parallel_for(lk.parallel_extent, grain, [&](int64_t b, int64_t e) {
+            fn(bufs.data(), params, b, e, 0);
+          });
         }
         break;
       case KernelIR::Kind::Scatter:
-        if (accumulator_dtype(lk.ir) == DType::Float64) run_scatter<double>(lk, fn, bufs, root);
-        else run_scatter<int64_t>(lk, fn, bufs, root);
+        if (accumulator_dtype(lk.ir) == DType::Float64)
+          run_scatter<double>(lk, fn, bufs, root);
+        else
+          run_scatter<int64_t>(lk, fn, bufs, root);
         break;
     }
   } catch (...) {
@@ -224,11 +253,12 @@ void run_group(const FusionGroup& group) {
   if (h.record != nullptr) {
     ++h.record->launches;
     h.record->run_ms_total +=
-        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - started).count();
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - started)
+            .count();
   }
   if (err[0] != 0) {
     root.buffer.reset();
-    raise_index_error(lk.ir, root, err);
+    raise_kernel_index_error(lk.ir, root, err);
   }
 }
 
@@ -261,10 +291,13 @@ struct Positions {
     auto it = pos.find(n);
     return it != pos.end() ? it->second : -1 - leaf_index.at(n);
   }
-  Node* node(const std::vector<Node*>& schedule, int r) const { return r >= 0 ? schedule[r] : leaves[-1 - r]; }
+  Node* node(const std::vector<Node*>& schedule, int r) const {
+    return r >= 0 ? schedule[r] : leaves[-1 - r];
+  }
 };
 
-uint64_t signature(const std::vector<Node*>& schedule, const std::unordered_set<Node*>& outputs, Positions& p) {
+uint64_t signature(const std::vector<Node*>& schedule, const std::unordered_set<Node*>& outputs,
+                   Positions& p) {
   std::unordered_map<Node*, uint64_t> key;
   uint64_t sig = schedule.size();
   std::vector<uint64_t> in_keys;
@@ -290,7 +323,8 @@ uint64_t signature(const std::vector<Node*>& schedule, const std::unordered_set<
 }
 
 // Rebuilds a fusion plan for this schedule from its positional form.
-FusionPlan instantiate(const std::vector<CachedGroup>& cached, const std::vector<Node*>& schedule, const Positions& p) {
+FusionPlan instantiate(const std::vector<CachedGroup>& cached, const std::vector<Node*>& schedule,
+                       const Positions& p) {
   FusionPlan plan;
   for (const CachedGroup& c : cached) {
     FusionGroup g;
@@ -299,7 +333,8 @@ FusionPlan instantiate(const std::vector<CachedGroup>& cached, const std::vector
     std::unordered_set<Node*> inside(g.members.begin(), g.members.end());
     for (Node* m : g.members)
       for (const NodePtr& in : m->inputs)
-        if (!inside.count(in.get()) && std::find(g.inputs.begin(), g.inputs.end(), in.get()) == g.inputs.end())
+        if (!inside.count(in.get()) &&
+            std::find(g.inputs.begin(), g.inputs.end(), in.get()) == g.inputs.end())
           g.inputs.push_back(in.get());
     g.library = c.library;
     if (c.library) {
@@ -332,7 +367,8 @@ std::vector<CachedGroup> positional(const FusionPlan& plan, const Positions& p) 
   return out;
 }
 
-FusionPlan fuse_cached(const std::vector<Node*>& schedule, const std::unordered_set<Node*>& outputs) {
+FusionPlan fuse_cached(const std::vector<Node*>& schedule,
+                       const std::unordered_set<Node*>& outputs) {
   if (pass_disabled("PLAN_CACHE")) return fuse(schedule, outputs);
   Positions p;
   uint64_t sig = signature(schedule, outputs, p);
@@ -360,7 +396,8 @@ Plan make_plan(const std::vector<Node*>& schedule, const std::vector<Node*>& req
   // temporaries are still alive, as in `sum(relu(a * b + c)).item<float>()`; if they were
   // fused away, reading them later recomputes them.
   for (Node* n : schedule)
-    if (!req.count(n) && !consumed.count(n) && n->handles.load(std::memory_order_relaxed) > 0) outs.push_back(n);
+    if (!req.count(n) && !consumed.count(n) && n->handles.load(std::memory_order_relaxed) > 0)
+      outs.push_back(n);
   p.simplified = simplify(schedule, outs);
   for (Node* o : outs) {
     auto it = p.simplified.alias.find(o);
@@ -404,6 +441,18 @@ const bool kRegistered = [] {
 
 }  // namespace
 
+void raise_kernel_index_error(const KernelIR& ir, const Node& root, const int64_t* err) {
+  std::string op = name_of(root), where = "a dimension";
+  if (err[1] >= 0 && static_cast<size_t>(err[1]) < ir.error_sites.size()) {
+    const KernelIR::ErrorSite& site = ir.error_sites[static_cast<size_t>(err[1])];
+    op = site.op;
+    where = "dimension " + std::to_string(site.dim) + " of shape " + shape_str(site.shape);
+  }
+  throw IndexError("[" + op + "] index " + std::to_string(err[2]) + " is out of range for " +
+                   where + " (size " + std::to_string(err[3]) + "); expected 0 <= index < " +
+                   std::to_string(err[3]));
+}
+
 void jit_execute(const std::vector<Node*>& schedule, const std::vector<Node*>& requested) {
   run_plan(schedule, requested);
 }
@@ -416,7 +465,8 @@ EvalStats last_eval_stats() {
 std::string plan_to_dot(const std::vector<Node*>& outputs) {
   std::vector<Node*> schedule = pending_subgraph(outputs);
   Plan plan = make_plan(schedule, outputs);
-  std::string dot = "digraph kiln_plan {\n  compound=true;\n  node [shape=box, fontname=\"monospace\"];\n";
+  std::string dot =
+      "digraph kiln_plan {\n  compound=true;\n  node [shape=box, fontname=\"monospace\"];\n";
   std::unordered_map<Node*, std::string> id;
   int cluster = 0;
   auto label = [](Node* n) {
@@ -425,14 +475,17 @@ std::string plan_to_dot(const std::vector<Node*>& outputs) {
     return l + "\\n" + shape_str(n->shape) + " " + std::string(dtype_name(n->dtype));
   };
   for (const FusionGroup& g : plan.fusion.groups) {
-    dot += "  subgraph cluster_" + std::to_string(cluster) + " {\n    label=\"kernel " + std::to_string(cluster) + "\";\n";
+    dot += "  subgraph cluster_" + std::to_string(cluster) + " {\n    label=\"kernel " +
+           std::to_string(cluster) + "\";\n";
     for (Node* m : g.members) {
       std::string nid = "k" + std::to_string(cluster) + "_n" + std::to_string(m->id);
       if (m == g.root) id[m] = nid;
       dot += "    " + nid + " [label=\"" + label(m) + "\"];\n";
       for (const NodePtr& in : m->inputs) {
         bool inside = std::find(g.members.begin(), g.members.end(), in.get()) != g.members.end();
-        if (inside) dot += "    k" + std::to_string(cluster) + "_n" + std::to_string(in->id) + " -> " + nid + ";\n";
+        if (inside)
+          dot += "    k" + std::to_string(cluster) + "_n" + std::to_string(in->id) + " -> " + nid +
+                 ";\n";
       }
     }
     dot += "  }\n";
@@ -443,11 +496,14 @@ std::string plan_to_dot(const std::vector<Node*>& outputs) {
     for (Node* in : g.inputs) {
       if (!id.count(in)) {
         id[in] = "leaf" + std::to_string(in->id);
-        dot += "  " + id[in] + " [label=\"" + label(in) + "\", style=filled, fillcolor=lightgrey];\n";
+        dot +=
+            "  " + id[in] + " [label=\"" + label(in) + "\", style=filled, fillcolor=lightgrey];\n";
       }
       for (Node* m : g.members) {
         for (const NodePtr& x : m->inputs)
-          if (x.get() == in) dot += "  " + id[in] + " -> k" + std::to_string(cluster) + "_n" + std::to_string(m->id) + ";\n";
+          if (x.get() == in)
+            dot += "  " + id[in] + " -> k" + std::to_string(cluster) + "_n" +
+                   std::to_string(m->id) + ";\n";
       }
     }
     ++cluster;

@@ -14,15 +14,34 @@ namespace {
 int own_cost(const Node& n) {
   switch (n.op) {
     case OpCode::Full:
-    case OpCode::Iota: return 0;  // literals and loop coordinates
+    case OpCode::Iota:
+      return 0;  // literals and loop coordinates
     case OpCode::RandUniform:
-    case OpCode::RandNormal: return 12;
-    case OpCode::Exp: case OpCode::Exp2: case OpCode::Log: case OpCode::Log2: case OpCode::Log1p:
-    case OpCode::Expm1: case OpCode::Sin: case OpCode::Cos: case OpCode::Tan: case OpCode::Tanh:
-    case OpCode::Sigmoid: case OpCode::Erf: case OpCode::Pow: return 4;
-    case OpCode::Div: case OpCode::Sqrt: case OpCode::Rsqrt: case OpCode::Reciprocal:
-    case OpCode::FloorDiv: case OpCode::Mod: return 2;
-    default: return 1;
+    case OpCode::RandNormal:
+      return 12;
+    case OpCode::Exp:
+    case OpCode::Exp2:
+    case OpCode::Log:
+    case OpCode::Log2:
+    case OpCode::Log1p:
+    case OpCode::Expm1:
+    case OpCode::Sin:
+    case OpCode::Cos:
+    case OpCode::Tan:
+    case OpCode::Tanh:
+    case OpCode::Sigmoid:
+    case OpCode::Erf:
+    case OpCode::Pow:
+      return 4;
+    case OpCode::Div:
+    case OpCode::Sqrt:
+    case OpCode::Rsqrt:
+    case OpCode::Reciprocal:
+    case OpCode::FloorDiv:
+    case OpCode::Mod:
+      return 2;
+    default:
+      return 1;
   }
 }
 
@@ -49,14 +68,15 @@ bool pass_disabled(const char* pass) {
 FusionPlan fuse(const std::vector<Node*>& schedule, const std::unordered_set<Node*>& outputs) {
   const bool no_fusion = pass_disabled("FUSION");
   std::unordered_map<Node*, int> consumers;
-  std::unordered_set<Node*> forced;  // must be materialized whatever its cost
+  std::unordered_set<Node*> forced;                // must be materialized whatever its cost
   std::unordered_map<Node*, int64_t> widest_read;  // largest consumer numel through a reindex
   for (Node* n : schedule) {
     for (size_t k = 0; k < n->inputs.size(); ++k) {
       Node* in = n->inputs[k].get();
       consumers[in]++;
       bool index_tensor = k > 0 && (n->op == OpCode::Reindex || n->op == OpCode::ReindexReduce);
-      if (index_tensor) forced.insert(in);
+      // A transfer copies a stored value, so what it reads is stored too.
+      if (index_tensor || n->op == OpCode::Transfer) forced.insert(in);
       if (n->op == OpCode::Reindex && k == 0) {
         widest_read[in] = std::max(widest_read[in], n->numel());
       }
@@ -79,7 +99,7 @@ FusionPlan fuse(const std::vector<Node*>& schedule, const std::unordered_set<Nod
     }
   }
 
-  std::unordered_map<Node*, int> cost;  // inline cost; 0 once materialized
+  std::unordered_map<Node*, int> cost;   // inline cost; 0 once materialized
   std::unordered_map<Node*, int> depth;  // longest inlined chain below the node
   std::unordered_set<Node*> materialized;
   for (Node* n : schedule) {
@@ -92,7 +112,8 @@ FusionPlan fuse(const std::vector<Node*>& schedule, const std::unordered_set<Nod
       }
     }
     depth[n] = dep;
-    bool keep = no_fusion || outputs.count(n) || forced.count(n) || n->op == OpCode::ReindexReduce;
+    bool keep = no_fusion || outputs.count(n) || forced.count(n) ||
+                n->op == OpCode::ReindexReduce || n->op == OpCode::Transfer;
     // Long chains are cut into kernels of bounded depth: lowering walks them recursively
     // and one huge expression compiles slowly.
     if (!keep && dep >= kMaxInlineDepth) keep = true;
@@ -123,7 +144,8 @@ FusionPlan fuse(const std::vector<Node*>& schedule, const std::unordered_set<Nod
       g.members = gm->second.absorbed;
       g.members.push_back(root);
       for (Node* in : {gm->second.a, gm->second.b})
-        if (std::find(g.inputs.begin(), g.inputs.end(), in) == g.inputs.end()) g.inputs.push_back(in);
+        if (std::find(g.inputs.begin(), g.inputs.end(), in) == g.inputs.end())
+          g.inputs.push_back(in);
       plan.groups.push_back(std::move(g));
       continue;
     }

@@ -16,13 +16,13 @@ namespace kiln::jit {
 /// One scalar value of the kernel's expression DAG.
 struct IrValue {
   enum class Kind : uint8_t {
-    Load,    ///< input buffer `buffer` at flat element offset `index` (guarded by `guard`)
-    Const,   ///< the number `value`
-    Coord,   ///< the integer `index` (an iota value)
-    Op,      ///< elementwise meta-op `op` of `args`
-    Cast,    ///< args[0] converted to `dtype`
-    Random,  ///< Philox value for flat index `index`; seed and offset are params `seed_param`, +1
-    InRange, ///< bool: every `bounds[k].first` lies in [0, bounds[k].second)
+    Load,     ///< input buffer `buffer` at flat element offset `index` (guarded by `guard`)
+    Const,    ///< the number `value`
+    Coord,    ///< the integer `index` (an iota value)
+    Op,       ///< elementwise meta-op `op` of `args`
+    Cast,     ///< args[0] converted to `dtype`
+    Random,   ///< Philox value for flat index `index`; seed and offset are params `seed_param`, +1
+    InRange,  ///< bool: every `bounds[k].first` lies in [0, bounds[k].second)
   };
   Kind kind = Kind::Const;
   DType dtype = DType::Float32;
@@ -100,5 +100,10 @@ struct LoweredKernel {
 
 /// Lowers one fusion group to kernel IR with this launch's parameters.
 LoweredKernel lower(const FusionGroup& group);
+
+/// Throws the IndexError a kernel's error record (err[1] site, err[2] value, err[3] size)
+/// describes, naming the user-level op and the shape it indexed.
+[[noreturn]] void raise_kernel_index_error(const KernelIR& ir, const Node& root,
+                                           const int64_t* err);
 
 }  // namespace kiln::jit

@@ -2,11 +2,13 @@
 
 #include <algorithm>
 #include <cstring>
-#include <optional>
 #include <mutex>
+#include <optional>
 
+#include "../core/cuda_driver.h"
 #include "../core/error.h"
 #include "../core/thread_pool.h"
+#include "cublas.h"
 
 #ifndef KILN_WITH_BLAS
 #define KILN_WITH_BLAS 0
@@ -16,10 +18,11 @@
 // Declared here rather than through cblas.h: the header's location differs between
 // distributions, and these three entry points are all kiln needs.
 extern "C" {
-void cblas_sgemm(int order, int transa, int transb, int m, int n, int k, float alpha, const float* a,
-                 int lda, const float* b, int ldb, float beta, float* c, int ldc);
+void cblas_sgemm(int order, int transa, int transb, int m, int n, int k, float alpha,
+                 const float* a, int lda, const float* b, int ldb, float beta, float* c, int ldc);
 void cblas_dgemm(int order, int transa, int transb, int m, int n, int k, double alpha,
-                 const double* a, int lda, const double* b, int ldb, double beta, double* c, int ldc);
+                 const double* a, int lda, const double* b, int ldb, double beta, double* c,
+                 int ldc);
 void openblas_set_num_threads(int threads);
 }
 #endif
@@ -55,7 +58,7 @@ struct GemmLayout {
   int64_t m = 1, n = 1, k = 1;
   MatrixView a, b;
   int64_t ldc = 1;
-  bool swap = false;  // C is stored transposed: compute C^T = B^T A^T
+  bool swap = false;                   // C is stored transposed: compute C^T = B^T A^T
   int64_t a_offset = 0, b_offset = 0;  // element offsets of coordinate 0 (slices)
   struct Batch {
     int64_t size, a, b, c;  // extent and element strides
@@ -71,8 +74,10 @@ struct Range {
 std::optional<Range> range_of(const IndexExpr& e, const Shape& dom) {
   using K = IndexExpr::Kind;
   switch (e.kind()) {
-    case K::Const: return Range{e.value(), e.value()};
-    case K::Var: return Range{0, dom[static_cast<size_t>(e.value())] - 1};
+    case K::Const:
+      return Range{e.value(), e.value()};
+    case K::Var:
+      return Range{0, dom[static_cast<size_t>(e.value())] - 1};
     case K::Add:
     case K::Mul: {
       auto r = range_of(e.args()[0], dom);
@@ -97,7 +102,8 @@ std::optional<Range> range_of(const IndexExpr& e, const Shape& dom) {
       if (x->hi < d.value()) return x;
       return Range{0, d.value() - 1};
     }
-    default: return std::nullopt;
+    default:
+      return std::nullopt;
   }
 }
 
@@ -110,10 +116,14 @@ struct Linear {
   bool add(const IndexExpr& e, int64_t scale) {
     using K = IndexExpr::Kind;
     switch (e.kind()) {
-      case K::Const: offset += scale * e.value(); return true;
+      case K::Const:
+        offset += scale * e.value();
+        return true;
       case K::Var:
       case K::FloorDiv:
-      case K::Mod: terms.push_back({scale, e}); return true;
+      case K::Mod:
+        terms.push_back({scale, e});
+        return true;
       case K::Add:
         for (const IndexExpr& a : e.args())
           if (!add(a, scale)) return false;
@@ -133,7 +143,8 @@ struct Linear {
         }
         return rest ? add(*rest, c) : (offset += c, true);
       }
-      default: return false;
+      default:
+        return false;
     }
   }
 };
@@ -160,7 +171,8 @@ bool reduce_to_vars(Linear& lin, const Shape& dom) {
       if (ei.kind() != K::Mod) continue;
       for (size_t j = 0; j < lin.terms.size(); ++j) {
         auto [cj, ej] = lin.terms[j];
-        if (ej.kind() == K::FloorDiv && ej.args()[0] == x && ej.args()[1] == d && cj == ci * d.value()) {
+        if (ej.kind() == K::FloorDiv && ej.args()[0] == x && ej.args()[1] == d &&
+            cj == ci * d.value()) {
           lin.terms.erase(lin.terms.begin() + static_cast<std::ptrdiff_t>(std::max(i, j)));
           lin.terms.erase(lin.terms.begin() + static_cast<std::ptrdiff_t>(std::min(i, j)));
           if (!lin.add(x, ci)) return false;
@@ -238,8 +250,12 @@ bool merge_dims(std::vector<int> dims, const Shape& dom,
 // (batched) matrix product with any operand or result transposed: the forward matmul, and
 // the products autograd builds for its gradients (g @ B^T, A^T @ g).
 bool gemm_layout(const Node& r, GemmLayout* out) {
-  if (r.op != OpCode::ReindexReduce || r.reduce != ReduceOp::Sum || r.inputs.size() != 1) return false;
-  if (r.dtype != DType::Float32 && r.dtype != DType::Float64) return false;
+  if (r.op != OpCode::ReindexReduce || r.reduce != ReduceOp::Sum || r.inputs.size() != 1)
+    return false;
+  // OpenBLAS has float32/float64; cuBLAS also float16/bfloat16 (accumulating in float32).
+  bool half = r.dtype == DType::Float16 || r.dtype == DType::BFloat16;
+  if (r.dtype != DType::Float32 && r.dtype != DType::Float64 && !(half && r.device.is_cuda()))
+    return false;
   const Node& p = *r.inputs[0];
   if (p.op != OpCode::Mul || p.inputs.size() != 2) return false;
   const Node& ra = *p.inputs[0];
@@ -322,7 +338,9 @@ bool gemm_layout(const Node& r, GemmLayout* out) {
     if (!ok) continue;
     // Summed dims go last: the odometer then visits each output block's first call (all
     // summed indices 0, beta = 0) before the calls that add to it.
-    for (int d : batch) g.batches.push_back({dom[d], std::max<int64_t>(sa[d], 0), std::max<int64_t>(sb[d], 0), sc[d]});
+    for (int d : batch)
+      g.batches.push_back(
+          {dom[d], std::max<int64_t>(sa[d], 0), std::max<int64_t>(sb[d], 0), sc[d]});
     for (int d : summed) g.batches.push_back({dom[d], sa[d], sb[d], 0, true});
     found = true;
     break;
@@ -339,7 +357,8 @@ bool gemm_layout(const Node& r, GemmLayout* out) {
 bool have_blas() { return KILN_WITH_BLAS != 0; }
 
 bool match_gemm(Node* r, const std::function<bool(Node*)>& single_use, GemmMatch* match) {
-  if (!have_blas() || r->op != OpCode::ReindexReduce || r->inputs.size() != 1) return false;
+  if (r->op != OpCode::ReindexReduce || r->inputs.size() != 1) return false;
+  if (!(r->device.is_cuda() ? cublas_available() : have_blas())) return false;
   Node* p = r->inputs[0].get();
   if (p->is_evaluated() || p->op != OpCode::Mul || !single_use(p)) return false;
   Node* ra = p->inputs[0].get();
@@ -359,23 +378,24 @@ bool match_gemm(Node* r, const std::function<bool(Node*)>& single_use, GemmMatch
 namespace {
 
 // One BLAS call on row-major operands (beta = 1 adds to C).
-void blas_gemm(DType dtype, bool ta, bool tb, int64_t m, int64_t n, int64_t k, const char* a, int64_t lda,
-               const char* b, int64_t ldb, bool accumulate, char* c, int64_t ldc) {
+void blas_gemm(DType dtype, bool ta, bool tb, int64_t m, int64_t n, int64_t k, const char* a,
+               int64_t lda, const char* b, int64_t ldb, bool accumulate, char* c, int64_t ldc) {
 #if KILN_WITH_BLAS
   constexpr int kRowMajor = 101, kNoTrans = 111, kTrans = 112;
   const int ia = ta ? kTrans : kNoTrans, ib = tb ? kTrans : kNoTrans;
   const auto M = static_cast<int>(m), N = static_cast<int>(n), K = static_cast<int>(k);
   if (dtype == DType::Float32) {
-    cblas_sgemm(kRowMajor, ia, ib, M, N, K, 1.0f, reinterpret_cast<const float*>(a), static_cast<int>(lda),
-                reinterpret_cast<const float*>(b), static_cast<int>(ldb), accumulate ? 1.0f : 0.0f,
-                reinterpret_cast<float*>(c), static_cast<int>(ldc));
+    cblas_sgemm(kRowMajor, ia, ib, M, N, K, 1.0f, reinterpret_cast<const float*>(a),
+                static_cast<int>(lda), reinterpret_cast<const float*>(b), static_cast<int>(ldb),
+                accumulate ? 1.0f : 0.0f, reinterpret_cast<float*>(c), static_cast<int>(ldc));
   } else {
-    cblas_dgemm(kRowMajor, ia, ib, M, N, K, 1.0, reinterpret_cast<const double*>(a), static_cast<int>(lda),
-                reinterpret_cast<const double*>(b), static_cast<int>(ldb), accumulate ? 1.0 : 0.0,
-                reinterpret_cast<double*>(c), static_cast<int>(ldc));
+    cblas_dgemm(kRowMajor, ia, ib, M, N, K, 1.0, reinterpret_cast<const double*>(a),
+                static_cast<int>(lda), reinterpret_cast<const double*>(b), static_cast<int>(ldb),
+                accumulate ? 1.0 : 0.0, reinterpret_cast<double*>(c), static_cast<int>(ldc));
   }
 #else
-  (void)dtype, (void)ta, (void)tb, (void)m, (void)n, (void)k, (void)a, (void)lda, (void)b, (void)ldb;
+  (void)dtype, (void)ta, (void)tb, (void)m, (void)n, (void)k, (void)a, (void)lda, (void)b,
+      (void)ldb;
   (void)accumulate, (void)c, (void)ldc;
 #endif
 }
@@ -385,35 +405,18 @@ constexpr int64_t kParallelGemmWork = int64_t{1} << 18;
 
 }  // namespace
 
-void run_gemm(const GemmMatch& g) {
-#if KILN_WITH_BLAS
-  // OpenBLAS runs single-threaded and kiln's pool splits the work: two thread teams on the
-  // same cores (OpenBLAS's spin-waiting after every call included) would fight over them
-  // between the many small products of a training step.
-  static std::once_flag threads_set;
-  std::call_once(threads_set, [] { openblas_set_num_threads(1); });
-#endif
-  Node& out = *g.reduce;
-  GemmLayout L;
-  if (!gemm_layout(out, &L)) throw ValueError("[matmul] the library GEMM no longer matches its plan");
-  const auto elem = static_cast<int64_t>(itemsize(out.dtype));
-  auto buffer = std::make_shared<Buffer>(out.nbytes(), out.device);
-  char* c = static_cast<char*>(buffer->data());
-  if (L.k == 0) std::memset(c, 0, out.nbytes());
-  const char* a = static_cast<const char*>((L.swap ? g.b : g.a)->buffer->data());
-  const char* b = static_cast<const char*>((L.swap ? g.a : g.b)->buffer->data());
-  int64_t base_a = L.a_offset, base_b = L.b_offset;
-  if (L.swap) {
-    for (auto& bt : L.batches) std::swap(bt.a, bt.b);
-    std::swap(base_a, base_b);
-  }
-  // The calls, grouped by output block: summed dims are innermost, so the calls adding to
-  // one block are consecutive and must run in order.
-  struct Call {
-    int64_t oa, ob, oc;
-    bool accumulate;
-  };
-  std::vector<std::vector<Call>> blocks;
+namespace {
+
+// One BLAS call of a layout: element offsets into A, B and C, and whether it adds to C.
+struct Call {
+  int64_t oa, ob, oc;
+  bool accumulate;
+};
+
+// Every call of `L` in order: batch dims odometer-style, summed dims innermost, so the calls
+// adding to one output block are consecutive.
+std::vector<Call> calls_of(const GemmLayout& L, int64_t base_a, int64_t base_b) {
+  std::vector<Call> calls;
   int64_t total = 1;
   for (const auto& bt : L.batches) total *= bt.size;
   std::vector<int64_t> bi(L.batches.size(), 0);
@@ -425,30 +428,112 @@ void run_gemm(const GemmMatch& g) {
       call.oc += bi[d] * L.batches[d].c;
       call.accumulate = call.accumulate || (L.batches[d].summed && bi[d] > 0);
     }
-    if (!call.accumulate) blocks.emplace_back();
-    blocks.back().push_back(call);
+    calls.push_back(call);
     for (size_t d = L.batches.size(); d-- > 0;) {
       if (++bi[d] < L.batches[d].size) break;
       bi[d] = 0;
     }
+  }
+  return calls;
+}
+
+// The same calls on cuBLAS: one strided-batched call when the batch is a single plain
+// dimension, else one call per output block in order (summed dims accumulate with beta = 1).
+void run_gemm_cuda(const GemmMatch& g, Node& out, GemmLayout& L) {
+  const int device = out.device.index;
+  cuda::set_current(device);
+  const auto elem = static_cast<int64_t>(itemsize(out.dtype));
+  Node* left = L.swap ? g.b : g.a;
+  Node* right = L.swap ? g.a : g.b;
+  Buffer::Use use_a(*left->buffer, false), use_b(*right->buffer, false);
+  auto buffer = std::make_shared<Buffer>(out.nbytes(), out.device);
+  Buffer::Use use_c(*buffer, true);
+  char* c = static_cast<char*>(use_c.data());
+  const char* a = static_cast<const char*>(use_a.data());
+  const char* b = static_cast<const char*>(use_b.data());
+  int64_t base_a = L.a_offset, base_b = L.b_offset;
+  if (L.swap) {
+    for (auto& bt : L.batches) std::swap(bt.a, bt.b);
+    std::swap(base_a, base_b);
+  }
+  if (out.nbytes() > 0 && (L.k == 0 || L.m == 0 || L.n == 0))
+    cuda::memset_device(device, c, 0, out.nbytes());
+  if (L.m > 0 && L.n > 0 && L.k > 0) {
+    auto call = [&](int64_t oa, int64_t ob, int64_t oc, int64_t batch, int64_t sa, int64_t sb,
+                    int64_t sc, bool acc) {
+      cublas_gemm(device, out.dtype, L.a.trans, L.b.trans, L.m, L.n, L.k, a + oa * elem, L.a.ld, sa,
+                  b + ob * elem, L.b.ld, sb, c + oc * elem, L.ldc, sc, batch, 1.0f,
+                  acc ? 1.0f : 0.0f);
+    };
+    if (L.batches.size() == 1 && !L.batches[0].summed) {
+      const auto& bt = L.batches[0];
+      call(base_a, base_b, 0, bt.size, bt.a, bt.b, bt.c, false);
+    } else {
+      for (const Call& k : calls_of(L, base_a, base_b))
+        call(k.oa, k.ob, k.oc, 1, 0, 0, 0, k.accumulate);
+    }
+  }
+  out.buffer = std::move(buffer);
+}
+
+}  // namespace
+
+void run_gemm(const GemmMatch& g) {
+  if (g.reduce->device.is_cuda()) {
+    GemmLayout L;
+    if (!gemm_layout(*g.reduce, &L))
+      throw ValueError("[matmul] the library GEMM no longer matches its plan");
+    return run_gemm_cuda(g, *g.reduce, L);
+  }
+#if KILN_WITH_BLAS
+  // OpenBLAS runs single-threaded and kiln's pool splits the work: two thread teams on the
+  // same cores (OpenBLAS's spin-waiting after every call included) would fight over them
+  // between the many small products of a training step.
+  static std::once_flag threads_set;
+  std::call_once(threads_set, [] { openblas_set_num_threads(1); });
+#endif
+  Node& out = *g.reduce;
+  GemmLayout L;
+  if (!gemm_layout(out, &L))
+    throw ValueError("[matmul] the library GEMM no longer matches its plan");
+  const auto elem = static_cast<int64_t>(itemsize(out.dtype));
+  auto buffer = std::make_shared<Buffer>(out.nbytes(), out.device);
+  char* c = static_cast<char*>(buffer->data());
+  if (L.k == 0) std::memset(c, 0, out.nbytes());
+  const char* a = static_cast<const char*>((L.swap ? g.b : g.a)->buffer->data());
+  const char* b = static_cast<const char*>((L.swap ? g.a : g.b)->buffer->data());
+  int64_t base_a = L.a_offset, base_b = L.b_offset;
+  if (L.swap) {
+    for (auto& bt : L.batches) std::swap(bt.a, bt.b);
+    std::swap(base_a, base_b);
+  }
+  // The calls, grouped by output block: the calls adding to one block must run in order.
+  std::vector<std::vector<Call>> blocks;
+  for (const Call& call : calls_of(L, base_a, base_b)) {
+    if (!call.accumulate) blocks.emplace_back();
+    blocks.back().push_back(call);
   }
   // Rows [r0, r1) and columns [c0, c1) of one call's result.
   auto part = [&](const Call& call, int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
     int64_t oa = call.oa + (L.a.trans ? r0 : r0 * L.a.ld);
     int64_t ob = call.ob + (L.b.trans ? c0 * L.b.ld : c0);
     int64_t oc = call.oc + r0 * L.ldc + c0;
-    blas_gemm(out.dtype, L.a.trans, L.b.trans, r1 - r0, c1 - c0, L.k, a + oa * elem, L.a.ld, b + ob * elem, L.b.ld,
-              call.accumulate, c + oc * elem, L.ldc);
+    blas_gemm(out.dtype, L.a.trans, L.b.trans, r1 - r0, c1 - c0, L.k, a + oa * elem, L.a.ld,
+              b + ob * elem, L.b.ld, call.accumulate, c + oc * elem, L.ldc);
   };
   const int64_t threads = thread_pool().size();
   const int64_t work = L.m * L.n * L.k;
   if (static_cast<int64_t>(blocks.size()) >= threads || work < kParallelGemmWork) {
     // Enough independent blocks (attention heads, batches): one thread per block.
-    int64_t grain = work * static_cast<int64_t>(blocks.size()) < kParallelGemmWork ? static_cast<int64_t>(blocks.size()) : 1;
-    thread_pool().parallel_for(static_cast<int64_t>(blocks.size()), std::max<int64_t>(grain, 1), [&](int64_t lo, int64_t hi) {
-      for (int64_t i = lo; i < hi; ++i)
-        for (const Call& call : blocks[static_cast<size_t>(i)]) part(call, 0, L.m, 0, L.n);
-    });
+    int64_t grain = work * static_cast<int64_t>(blocks.size()) < kParallelGemmWork
+                        ? static_cast<int64_t>(blocks.size())
+                        : 1;
+    thread_pool().parallel_for(static_cast<int64_t>(blocks.size()), std::max<int64_t>(grain, 1),
+                               [&](int64_t lo, int64_t hi) {
+                                 for (int64_t i = lo; i < hi; ++i)
+                                   for (const Call& call : blocks[static_cast<size_t>(i)])
+                                     part(call, 0, L.m, 0, L.n);
+                               });
   } else {
     // Few large products: split each one's rows (or columns) across the pool.
     for (const auto& block : blocks) {
@@ -457,8 +542,10 @@ void run_gemm(const GemmMatch& g) {
         int64_t extent = rows ? L.m : L.n;
         int64_t grain = std::max<int64_t>(1, (extent + threads - 1) / threads);
         thread_pool().parallel_for(extent, grain, [&](int64_t lo, int64_t hi) {
-          if (rows) part(call, lo, hi, 0, L.n);
-          else part(call, 0, L.m, lo, hi);
+          if (rows)
+            part(call, lo, hi, 0, L.n);
+          else
+            part(call, 0, L.m, lo, hi);
         });
       }
     }

@@ -11,6 +11,7 @@
 
 #include "elementwise.h"
 #include "sources.h"
+#include "transfer.h"
 
 namespace kiln {
 namespace {
@@ -53,6 +54,8 @@ std::vector<Tensor> vjp(const Node& n, const Tensor& g) {
     case OpFamily::Reindex:
     case OpFamily::ReindexReduce:
       return detail::reindex_vjp(n, inputs, out, g);
+    case OpFamily::Transfer:
+      return detail::transfer_vjp(n, g);
   }
   return {};
 }

@@ -9,6 +9,7 @@
 #include "autograd.h"
 #include "reindex.h"
 #include "sources.h"
+#include "transfer.h"
 
 namespace kiln {
 namespace {
@@ -18,9 +19,15 @@ using R = ElementwiseDef::Result;
 
 // Integer arithmetic wraps like the stored two's complement types; going through uint64
 // keeps the reference free of signed-overflow UB.
-int64_t wrap_add(int64_t a, int64_t b) { return static_cast<int64_t>(static_cast<uint64_t>(a) + static_cast<uint64_t>(b)); }
-int64_t wrap_sub(int64_t a, int64_t b) { return static_cast<int64_t>(static_cast<uint64_t>(a) - static_cast<uint64_t>(b)); }
-int64_t wrap_mul(int64_t a, int64_t b) { return static_cast<int64_t>(static_cast<uint64_t>(a) * static_cast<uint64_t>(b)); }
+int64_t wrap_add(int64_t a, int64_t b) {
+  return static_cast<int64_t>(static_cast<uint64_t>(a) + static_cast<uint64_t>(b));
+}
+int64_t wrap_sub(int64_t a, int64_t b) {
+  return static_cast<int64_t>(static_cast<uint64_t>(a) - static_cast<uint64_t>(b));
+}
+int64_t wrap_mul(int64_t a, int64_t b) {
+  return static_cast<int64_t>(static_cast<uint64_t>(a) * static_cast<uint64_t>(b));
+}
 
 int64_t int_floordiv(int64_t a, int64_t b) {
   if (b == 0) return 0;  // numpy's answer; a kernel cannot raise per element
@@ -58,8 +65,12 @@ double float_mod(double a, double b) {
   if (r != 0.0 && ((r < 0) != (b < 0))) r += b;
   return r;
 }
-double nan_max(double a, double b) { return std::isnan(a) || std::isnan(b) ? NAN : (a > b ? a : b); }
-double nan_min(double a, double b) { return std::isnan(a) || std::isnan(b) ? NAN : (a < b ? a : b); }
+double nan_max(double a, double b) {
+  return std::isnan(a) || std::isnan(b) ? NAN : (a > b ? a : b);
+}
+double nan_min(double a, double b) {
+  return std::isnan(a) || std::isnan(b) ? NAN : (a < b ? a : b);
+}
 double float_sign(double a) { return std::isnan(a) ? a : static_cast<double>((a > 0) - (a < 0)); }
 
 #define F1(body) [](double a, double, double) -> double { return body; }
@@ -128,7 +139,8 @@ const ElementwiseDef kDefs[] = {
 std::string names_of(const std::vector<Tensor>& inputs) {
   std::string s;
   for (size_t i = 0; i < inputs.size(); ++i) {
-    s += (i ? ", " : "") + std::string(dtype_name(inputs[i].dtype())) + shape_str(inputs[i].shape());
+    s +=
+        (i ? ", " : "") + std::string(dtype_name(inputs[i].dtype())) + shape_str(inputs[i].shape());
   }
   return s;
 }
@@ -140,7 +152,8 @@ Tensor conform(const Tensor& x, DType dtype, const Shape& shape, const char* ori
   // Only a weak scalar carries its raw value; any other fill has already been converted to
   // its own dtype (full(2.7, int32) is 2), so it goes through cast like other tensors.
   // A fill that gradients flow to (ones(...).requires_grad_()) must stay the same node.
-  if (n.op == OpCode::Full && !n.is_evaluated() && !n.requires_grad && (n.weak_scalar || n.dtype == dtype)) {
+  if (n.op == OpCode::Full && !n.is_evaluated() && !n.requires_grad &&
+      (n.weak_scalar || n.dtype == dtype)) {
     return full(shape, n.scalar, dtype, n.device);
   }
   Tensor t = x.dtype() == dtype ? x : cast(x, dtype);
@@ -156,7 +169,9 @@ const ElementwiseDef& elementwise_def(OpCode op) {
     return t;
   }();
   const ElementwiseDef* d = table[static_cast<int>(op)];
-  if (d == nullptr) throw ValueError("[elementwise] " + std::string(op_name(op)) + " is not an elementwise op with a table row");
+  if (d == nullptr)
+    throw ValueError("[elementwise] " + std::string(op_name(op)) +
+                     " is not an elementwise op with a table row");
   return *d;
 }
 
@@ -176,24 +191,23 @@ Tensor elementwise(OpCode op, const std::vector<Tensor>& inputs, const char* ori
   for (const Tensor& t : inputs) {
     if (!t.defined()) throw ValueError("[" + std::string(name) + "] an input tensor is undefined");
   }
-  Device device = inputs[0].device();
-  for (const Tensor& t : inputs) {
-    if (t.device() != device) {
-      throw DeviceError("[" + std::string(name) + "] inputs are on different devices (" +
-                        device.str() + " and " + t.device().str() + "); move them with to()");
-    }
-  }
+  std::vector<Tensor> aligned = inputs;
+  std::vector<Tensor*> refs;
+  for (Tensor& t : aligned) refs.push_back(&t);
+  Device device = detail::align_devices(name, refs);
   // `where` promotes its two value operands; its condition must be bool.
   size_t first = op == OpCode::Where ? 1 : 0;
-  if (op == OpCode::Where && inputs[0].dtype() != DType::Bool) {
+  if (op == OpCode::Where && aligned[0].dtype() != DType::Bool) {
     throw DTypeError("[" + std::string(name) + "] condition must be bool, got " +
-                     std::string(dtype_name(inputs[0].dtype())) + shape_str(inputs[0].shape()));
+                     std::string(dtype_name(aligned[0].dtype())) + shape_str(aligned[0].shape()));
   }
   ResultType rt;
-  for (size_t i = first; i < inputs.size(); ++i) {
-    const Node& n = *inputs[i].node();
-    if (n.weak_scalar) rt.add_scalar(n.dtype);
-    else rt.add_tensor(n.dtype, static_cast<int>(n.shape.size()));
+  for (size_t i = first; i < aligned.size(); ++i) {
+    const Node& n = *aligned[i].node();
+    if (n.weak_scalar)
+      rt.add_scalar(n.dtype);
+    else
+      rt.add_tensor(n.dtype, static_cast<int>(n.shape.size()));
   }
   DType operand = rt.result();
   if (def.accepts == A::IntegerOrBool && is_floating(operand)) {
@@ -207,13 +221,14 @@ Tensor elementwise(OpCode op, const std::vector<Tensor>& inputs, const char* ori
   if (def.result == R::Floating && !is_floating(operand)) operand = DType::Float32;
   DType out = def.result == R::Bool ? DType::Bool : operand;
 
-  Shape shape = inputs[0].shape();
-  for (size_t i = 1; i < inputs.size(); ++i) shape = broadcast_shapes(name, shape, inputs[i].shape());
+  Shape shape = aligned[0].shape();
+  for (size_t i = 1; i < aligned.size(); ++i)
+    shape = broadcast_shapes(name, shape, aligned[i].shape());
 
   std::vector<NodePtr> nodes;
-  for (size_t i = 0; i < inputs.size(); ++i) {
+  for (size_t i = 0; i < aligned.size(); ++i) {
     DType want = i < first ? DType::Bool : operand;
-    nodes.push_back(conform(inputs[i], want, shape, name).node());
+    nodes.push_back(conform(aligned[i], want, shape, name).node());
   }
   auto node = std::make_shared<Node>(op, std::move(nodes), shape, out, device);
   node->origin = origin;
@@ -257,7 +272,8 @@ KILN_UNARY(logical_not, LogicalNot)
 
 Tensor bitwise_not(const Tensor& x) {
   // On bool, ~ is logical: the integer complement of true (-2) would read back as true.
-  if (x.defined() && x.dtype() == DType::Bool) return elementwise(OpCode::LogicalNot, {x}, "bitwise_not");
+  if (x.defined() && x.dtype() == DType::Bool)
+    return elementwise(OpCode::LogicalNot, {x}, "bitwise_not");
   return elementwise(OpCode::BitwiseNot, {x});
 }
 
@@ -306,7 +322,9 @@ Tensor square(const Tensor& x) { return elementwise(OpCode::Mul, {x, x}, "square
 
 Tensor relu(const Tensor& x) {
   if (!x.defined()) throw ValueError("[relu] the tensor is undefined");
-  return elementwise(OpCode::Maximum, {x, scalar_tensor(x.dtype() == DType::Bool ? Scalar(false) : Scalar(0))}, "relu");
+  return elementwise(OpCode::Maximum,
+                     {x, scalar_tensor(x.dtype() == DType::Bool ? Scalar(false) : Scalar(0))},
+                     "relu");
 }
 
 Tensor clamp(const Tensor& x, const Tensor& lo, const Tensor& hi) {
@@ -332,28 +350,72 @@ std::vector<Tensor> elementwise_vjp(const Node& n, const std::vector<Tensor>& in
     case OpCode::Cast:
       if (is_floating(a.dtype())) d[0] = cast(g, a.dtype());
       break;
-    case OpCode::Neg: d[0] = -g; break;
-    case OpCode::Abs: d[0] = g * sign(a); break;
-    case OpCode::Exp: d[0] = g * out; break;
-    case OpCode::Exp2: d[0] = g * out * kLn2; break;
-    case OpCode::Log: d[0] = g / a; break;
-    case OpCode::Log2: d[0] = g / (a * kLn2); break;
-    case OpCode::Log1p: d[0] = g / (a + 1); break;
-    case OpCode::Expm1: d[0] = g * (out + 1); break;
-    case OpCode::Sqrt: d[0] = g * 0.5 / out; break;
-    case OpCode::Rsqrt: d[0] = g * -0.5 * out * out * out; break;
-    case OpCode::Reciprocal: d[0] = -g * out * out; break;
-    case OpCode::Sin: d[0] = g * cos(a); break;
-    case OpCode::Cos: d[0] = -g * sin(a); break;
-    case OpCode::Tan: d[0] = g * (out * out + 1); break;
-    case OpCode::Tanh: d[0] = g * (1 - out * out); break;
-    case OpCode::Sigmoid: d[0] = g * out * (1 - out); break;
-    case OpCode::Erf: d[0] = g * kTwoOverSqrtPi * exp(-(a * a)); break;
-    case OpCode::Add: d[0] = g, d[1] = g; break;
-    case OpCode::Sub: d[0] = g, d[1] = -g; break;
-    case OpCode::Mul: d[0] = g * in[1], d[1] = g * a; break;
-    case OpCode::Div: d[0] = g / in[1], d[1] = -g * out / in[1]; break;
-    case OpCode::Mod: d[0] = g, d[1] = -g * floor_div(a, in[1]); break;
+    case OpCode::Neg:
+      d[0] = -g;
+      break;
+    case OpCode::Abs:
+      d[0] = g * sign(a);
+      break;
+    case OpCode::Exp:
+      d[0] = g * out;
+      break;
+    case OpCode::Exp2:
+      d[0] = g * out * kLn2;
+      break;
+    case OpCode::Log:
+      d[0] = g / a;
+      break;
+    case OpCode::Log2:
+      d[0] = g / (a * kLn2);
+      break;
+    case OpCode::Log1p:
+      d[0] = g / (a + 1);
+      break;
+    case OpCode::Expm1:
+      d[0] = g * (out + 1);
+      break;
+    case OpCode::Sqrt:
+      d[0] = g * 0.5 / out;
+      break;
+    case OpCode::Rsqrt:
+      d[0] = g * -0.5 * out * out * out;
+      break;
+    case OpCode::Reciprocal:
+      d[0] = -g * out * out;
+      break;
+    case OpCode::Sin:
+      d[0] = g * cos(a);
+      break;
+    case OpCode::Cos:
+      d[0] = -g * sin(a);
+      break;
+    case OpCode::Tan:
+      d[0] = g * (out * out + 1);
+      break;
+    case OpCode::Tanh:
+      d[0] = g * (1 - out * out);
+      break;
+    case OpCode::Sigmoid:
+      d[0] = g * out * (1 - out);
+      break;
+    case OpCode::Erf:
+      d[0] = g * kTwoOverSqrtPi * exp(-(a * a));
+      break;
+    case OpCode::Add:
+      d[0] = g, d[1] = g;
+      break;
+    case OpCode::Sub:
+      d[0] = g, d[1] = -g;
+      break;
+    case OpCode::Mul:
+      d[0] = g * in[1], d[1] = g * a;
+      break;
+    case OpCode::Div:
+      d[0] = g / in[1], d[1] = -g * out / in[1];
+      break;
+    case OpCode::Mod:
+      d[0] = g, d[1] = -g * floor_div(a, in[1]);
+      break;
     case OpCode::Pow: {
       const Tensor& b = in[1];
       d[0] = where(b == 0, 0, g * b * pow(a, b - 1));
@@ -380,7 +442,8 @@ std::vector<Tensor> elementwise_vjp(const Node& n, const std::vector<Tensor>& in
       d[1] = where(a, g, 0);
       d[2] = where(a, 0, g);
       break;
-    default: break;  // piecewise constant or not floating: no gradient
+    default:
+      break;  // piecewise constant or not floating: no gradient
   }
   return d;
 }

@@ -4,6 +4,7 @@
 
 #include "elementwise.h"
 #include "reindex.h"
+#include "transfer.h"
 
 namespace kiln {
 namespace {
@@ -17,8 +18,8 @@ void check_operands(const Tensor& a, const Tensor& b, const char* op, bool allow
     throw ValueError("[" + std::string(op) + "] an input tensor is undefined");
   }
   if (a.device() != b.device()) {
-    throw DeviceError("[" + std::string(op) + "] inputs are on different devices (" +
-                      a.device().str() + " and " + b.device().str() + "); move them with to()");
+    Tensor x = a, y = b;
+    detail::align_devices(op, {&x, &y});  // throws unless one side is data-free
   }
   // torch has no bool GEMM; a bool "sum of products" would silently mean logical or-of-ands.
   if (!allow_bool && (a.dtype() == DType::Bool || b.dtype() == DType::Bool)) {

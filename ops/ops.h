@@ -8,3 +8,4 @@
 #include "reindex.h"
 #include "shape_ops.h"
 #include "sources.h"
+#include "transfer.h"

@@ -9,6 +9,7 @@
 #include "../core/philox.h"
 #include "../core/tensor.h"
 #include "elementwise.h"
+#include "transfer.h"
 
 namespace kiln {
 namespace {
@@ -51,8 +52,8 @@ struct IndexReader {
                                     const Shape& shape) {
   throw IndexError("[" + std::string(name_of(n)) + "] index " + std::to_string(value) +
                    " is out of range for dimension " + std::to_string(dim) + " of size " +
-                   std::to_string(size) + " (shape " + shape_str(shape) + "); expected 0 <= index < " +
-                   std::to_string(size));
+                   std::to_string(size) + " (shape " + shape_str(shape) +
+                   "); expected 0 <= index < " + std::to_string(size));
 }
 
 void run_full(Node& n, void* out) {
@@ -61,7 +62,8 @@ void run_full(Node& n, void* out) {
 
 void run_iota(Node& n, void* out) {
   std::vector<int64_t> c(n.shape.size(), 0);
-  for (int64_t i = 0; i < n.numel(); ++i, advance(c, n.shape)) store_int64(out, n.dtype, i, c[n.axis]);
+  for (int64_t i = 0; i < n.numel(); ++i, advance(c, n.shape))
+    store_int64(out, n.dtype, i, c[n.axis]);
 }
 
 void run_random(Node& n, void* out) {
@@ -86,8 +88,10 @@ void run_cast(Node& n, void* out) {
   const Node& in = *n.inputs[0];
   const void* p = in.buffer->data();
   for (int64_t i = 0; i < n.numel(); ++i) {
-    if (is_floating(in.dtype)) store_double(out, n.dtype, i, load_as_double(p, in.dtype, i));
-    else store_int64(out, n.dtype, i, load_as_int64(p, in.dtype, i));
+    if (is_floating(in.dtype))
+      store_double(out, n.dtype, i, load_as_double(p, in.dtype, i));
+    else
+      store_int64(out, n.dtype, i, load_as_int64(p, in.dtype, i));
   }
 }
 
@@ -131,14 +135,17 @@ void run_reindex(Node& n, void* out) {
     for (size_t d = 0; d < n.index_map.size(); ++d) {
       int64_t v = n.index_map[d].evaluate(c.data(), reader);
       if (v < 0 || v >= x.shape[d]) {
-        if (n.check_indices && n.index_map[d].has_load()) throw_index_error(n, d, v, x.shape[d], x.shape);
+        if (n.check_indices && n.index_map[d].has_load())
+          throw_index_error(n, d, v, x.shape[d], x.shape);
         inside = false;
         break;
       }
       flat += v * strides[d];
     }
-    if (inside) std::memcpy(static_cast<char*>(out) + i * item, src + flat * item, item);
-    else detail::store_scalar(out, n.dtype, i, n.scalar);
+    if (inside)
+      std::memcpy(static_cast<char*>(out) + i * item, src + flat * item, item);
+    else
+      detail::store_scalar(out, n.dtype, i, n.scalar);
   }
 }
 
@@ -146,31 +153,43 @@ template <typename Acc>
 void combine(ReduceOp op, Acc& acc, Acc v) {
   switch (op) {
     case ReduceOp::Sum:
-      if constexpr (std::is_integral_v<Acc>) acc = static_cast<Acc>(static_cast<uint64_t>(acc) + static_cast<uint64_t>(v));
-      else acc += v;
+      if constexpr (std::is_integral_v<Acc>)
+        acc = static_cast<Acc>(static_cast<uint64_t>(acc) + static_cast<uint64_t>(v));
+      else
+        acc += v;
       break;
     case ReduceOp::Prod:
-      if constexpr (std::is_integral_v<Acc>) acc = static_cast<Acc>(static_cast<uint64_t>(acc) * static_cast<uint64_t>(v));
-      else acc *= v;
+      if constexpr (std::is_integral_v<Acc>)
+        acc = static_cast<Acc>(static_cast<uint64_t>(acc) * static_cast<uint64_t>(v));
+      else
+        acc *= v;
       break;
     case ReduceOp::Max:
       if constexpr (std::is_floating_point_v<Acc>) {
-        if (std::isnan(v) || std::isnan(acc)) acc = NAN;
-        else if (v > acc) acc = v;
+        if (std::isnan(v) || std::isnan(acc))
+          acc = NAN;
+        else if (v > acc)
+          acc = v;
       } else if (v > acc) {
         acc = v;
       }
       break;
     case ReduceOp::Min:
       if constexpr (std::is_floating_point_v<Acc>) {
-        if (std::isnan(v) || std::isnan(acc)) acc = NAN;
-        else if (v < acc) acc = v;
+        if (std::isnan(v) || std::isnan(acc))
+          acc = NAN;
+        else if (v < acc)
+          acc = v;
       } else if (v < acc) {
         acc = v;
       }
       break;
-    case ReduceOp::And: acc = (acc != 0) && (v != 0); break;
-    case ReduceOp::Or: acc = (acc != 0) || (v != 0); break;
+    case ReduceOp::And:
+      acc = (acc != 0) && (v != 0);
+      break;
+    case ReduceOp::Or:
+      acc = (acc != 0) || (v != 0);
+      break;
   }
 }
 
@@ -179,9 +198,15 @@ void combine(ReduceOp op, Acc& acc, Acc v) {
 template <typename Acc>
 Acc reduce_identity(ReduceOp op, DType dtype) {
   switch (op) {
-    case ReduceOp::Sum: case ReduceOp::Or: return 0;
-    case ReduceOp::Prod: case ReduceOp::And: return 1;
-    case ReduceOp::Max: case ReduceOp::Min: break;
+    case ReduceOp::Sum:
+    case ReduceOp::Or:
+      return 0;
+    case ReduceOp::Prod:
+    case ReduceOp::And:
+      return 1;
+    case ReduceOp::Max:
+    case ReduceOp::Min:
+      break;
   }
   bool want_max = op == ReduceOp::Min;
   if constexpr (std::is_floating_point_v<Acc>) {
@@ -190,7 +215,8 @@ Acc reduce_identity(ReduceOp op, DType dtype) {
     return visit_dtype(dtype, [&](auto tag) -> Acc {
       using T = decltype(tag);
       if constexpr (std::is_integral_v<T>) {
-        return want_max ? static_cast<Acc>(std::numeric_limits<T>::max()) : static_cast<Acc>(std::numeric_limits<T>::lowest());
+        return want_max ? static_cast<Acc>(std::numeric_limits<T>::max())
+                        : static_cast<Acc>(std::numeric_limits<T>::lowest());
       } else {
         return 0;
       }
@@ -212,7 +238,8 @@ void run_reindex_reduce_as(Node& n, void* out) {
     for (size_t d = 0; d < n.index_map.size(); ++d) {
       int64_t v = n.index_map[d].evaluate(c.data(), reader);
       if (v < 0 || v >= n.shape[d]) {
-        if (n.check_indices && n.index_map[d].has_load()) throw_index_error(n, d, v, n.shape[d], n.shape);
+        if (n.check_indices && n.index_map[d].has_load())
+          throw_index_error(n, d, v, n.shape[d], n.shape);
         inside = false;
         break;
       }
@@ -220,34 +247,75 @@ void run_reindex_reduce_as(Node& n, void* out) {
     }
     if (!inside) continue;
     Acc v;
-    if constexpr (std::is_floating_point_v<Acc>) v = load_as_double(src, x.dtype, i);
-    else v = load_as_int64(src, x.dtype, i);
+    if constexpr (std::is_floating_point_v<Acc>)
+      v = load_as_double(src, x.dtype, i);
+    else
+      v = load_as_int64(src, x.dtype, i);
     combine(n.reduce, acc[flat], v);
   }
   for (int64_t i = 0; i < n.numel(); ++i) {
-    if constexpr (std::is_floating_point_v<Acc>) store_double(out, n.dtype, i, acc[i]);
-    else store_int64(out, n.dtype, i, acc[i]);
+    if constexpr (std::is_floating_point_v<Acc>)
+      store_double(out, n.dtype, i, acc[i]);
+    else
+      store_int64(out, n.dtype, i, acc[i]);
   }
 }
 
-void run_node(Node& n) {
-  auto buffer = std::make_shared<Buffer>(n.nbytes(), n.device);
-  void* out = buffer->data();
+void run_on_host(Node& n, void* out) {
   switch (n.op) {
-    case OpCode::Full: run_full(n, out); break;
-    case OpCode::Iota: run_iota(n, out); break;
+    case OpCode::Full:
+      run_full(n, out);
+      break;
+    case OpCode::Iota:
+      run_iota(n, out);
+      break;
     case OpCode::RandUniform:
-    case OpCode::RandNormal: run_random(n, out); break;
-    case OpCode::Reindex: run_reindex(n, out); break;
+    case OpCode::RandNormal:
+      run_random(n, out);
+      break;
+    case OpCode::Reindex:
+      run_reindex(n, out);
+      break;
     case OpCode::ReindexReduce:
-      if (is_floating(n.dtype)) run_reindex_reduce_as<double>(n, out);
-      else run_reindex_reduce_as<int64_t>(n, out);
+      if (is_floating(n.dtype))
+        run_reindex_reduce_as<double>(n, out);
+      else
+        run_reindex_reduce_as<int64_t>(n, out);
+      break;
+    case OpCode::Transfer:
+      if (n.nbytes() > 0) std::memcpy(out, n.inputs[0]->buffer->data(), n.nbytes());
       break;
     case OpCode::Constant:
       throw ValueError("[reference] constant node without a value");
-    default: run_elementwise(n, out); break;
+    default:
+      run_elementwise(n, out);
+      break;
   }
-  n.buffer = std::move(buffer);
+}
+
+// The reference computes on the host. Values on a CUDA device are read through host copies
+// (swapped in for the duration of the node) and results bound for one are copied there.
+void run_node(Node& n) {
+  std::vector<std::pair<Node*, std::shared_ptr<Buffer>>> device_inputs;
+  for (const NodePtr& in : n.inputs) {
+    if (in->device.is_cuda() && in->buffer && in->buffer->device().is_cuda()) {
+      device_inputs.emplace_back(in.get(), in->buffer);
+      in->buffer = detail::copy_buffer(*in->buffer, Device::cpu());
+    }
+  }
+  auto restore = [&] {
+    for (auto& [node, buffer] : device_inputs) node->buffer = std::move(buffer);
+  };
+  std::shared_ptr<Buffer> buffer;
+  try {
+    buffer = std::make_shared<Buffer>(n.nbytes(), Device::cpu());
+    run_on_host(n, buffer->data());
+  } catch (...) {
+    restore();
+    throw;
+  }
+  restore();
+  n.buffer = n.device.is_cuda() ? detail::copy_buffer(*buffer, n.device) : std::move(buffer);
 }
 
 const bool kRegistered = [] {

@@ -3,6 +3,7 @@
 #include "autograd.h"
 #include "elementwise.h"
 #include "shape_ops.h"
+#include "transfer.h"
 
 namespace kiln {
 namespace {
@@ -30,7 +31,8 @@ void check_loads(const IndexExpr& e, const std::vector<Tensor>& indices, const s
 }
 
 void check_vars(const IndexExpr& e, size_t rank, const std::string& op) {
-  if (e.kind() == IndexExpr::Kind::Var && (e.value() < 0 || static_cast<size_t>(e.value()) >= rank)) {
+  if (e.kind() == IndexExpr::Kind::Var &&
+      (e.value() < 0 || static_cast<size_t>(e.value()) >= rank)) {
     throw ValueError("[" + op + "] index map uses i" + std::to_string(e.value()) +
                      " but the loop domain has rank " + std::to_string(rank));
   }
@@ -40,19 +42,20 @@ void check_vars(const IndexExpr& e, size_t rank, const std::string& op) {
 std::vector<NodePtr> gather_inputs(const Tensor& x, const std::vector<Tensor>& indices,
                                    const std::string& op) {
   if (!x.defined()) throw ValueError("[" + op + "] the input tensor is undefined");
-  std::vector<NodePtr> inputs{x.node()};
+  std::vector<Tensor> all{x};
   for (const Tensor& t : indices) {
     if (!t.defined()) throw ValueError("[" + op + "] an index tensor is undefined");
     if (!is_integer(t.dtype())) {
       throw DTypeError("[" + op + "] index tensors must have an integer dtype, got " +
                        std::string(dtype_name(t.dtype())) + shape_str(t.shape()));
     }
-    if (t.device() != x.device()) {
-      throw DeviceError("[" + op + "] index tensor on " + t.device().str() + " but input on " +
-                        x.device().str());
-    }
-    inputs.push_back(t.node());
+    all.push_back(t);
   }
+  std::vector<Tensor*> refs;
+  for (Tensor& t : all) refs.push_back(&t);
+  detail::align_devices(op.c_str(), refs);
+  std::vector<NodePtr> inputs;
+  for (const Tensor& t : all) inputs.push_back(t.node());
   return inputs;
 }
 
@@ -72,7 +75,8 @@ Tensor reindex(const Tensor& x, const Shape& shape, std::vector<IndexExpr> map, 
     check_vars(e, shape.size(), op);
     check_loads(e, indices, op);
   }
-  auto node = std::make_shared<Node>(OpCode::Reindex, std::move(inputs), shape, x.dtype(), x.device());
+  Device device = inputs[0]->device;
+  auto node = std::make_shared<Node>(OpCode::Reindex, std::move(inputs), shape, x.dtype(), device);
   node->index_map = std::move(map);
   node->scalar = fill;
   node->check_indices = check_indices;
@@ -80,8 +84,9 @@ Tensor reindex(const Tensor& x, const Shape& shape, std::vector<IndexExpr> map, 
   return Tensor(std::move(node));
 }
 
-Tensor reindex_reduce(const Tensor& x, ReduceOp reduce, const Shape& shape, std::vector<IndexExpr> map,
-                      const std::vector<Tensor>& indices, bool check_indices, const char* origin) {
+Tensor reindex_reduce(const Tensor& x, ReduceOp reduce, const Shape& shape,
+                      std::vector<IndexExpr> map, const std::vector<Tensor>& indices,
+                      bool check_indices, const char* origin) {
   std::string op = origin_name(origin, "reindex_reduce");
   std::vector<NodePtr> inputs = gather_inputs(x, indices, op);
   check_sizes(op, shape);
@@ -98,7 +103,9 @@ Tensor reindex_reduce(const Tensor& x, ReduceOp reduce, const Shape& shape, std:
     check_vars(e, static_cast<size_t>(x.ndim()), op);
     check_loads(e, indices, op);
   }
-  auto node = std::make_shared<Node>(OpCode::ReindexReduce, std::move(inputs), shape, x.dtype(), x.device());
+  Device device = inputs[0]->device;
+  auto node =
+      std::make_shared<Node>(OpCode::ReindexReduce, std::move(inputs), shape, x.dtype(), device);
   node->index_map = std::move(map);
   node->reduce = reduce;
   node->check_indices = check_indices;
@@ -124,7 +131,8 @@ Tensor broadcast_to(const Tensor& x, const Shape& shape, const char* origin) {
     } else {
       throw ShapeError("[" + op + "] cannot broadcast shape " + shape_str(in) + " to " +
                        shape_str(shape) + ": dimension " + std::to_string(d) + " has size " +
-                       std::to_string(in[d]) + ", expected 1 or " + std::to_string(shape[lead + d]));
+                       std::to_string(in[d]) + ", expected 1 or " +
+                       std::to_string(shape[lead + d]));
     }
   }
   if (in == shape) return x;
@@ -143,7 +151,8 @@ bool unit_affine(const IndexExpr& e, int* var, int64_t* offset) {
   if (e.kind() != IndexExpr::Kind::Add || e.args().size() != 2) return false;
   const IndexExpr& a = e.args()[0];
   const IndexExpr& b = e.args()[1];
-  const IndexExpr* v = a.kind() == IndexExpr::Kind::Var ? &a : (b.kind() == IndexExpr::Kind::Var ? &b : nullptr);
+  const IndexExpr* v =
+      a.kind() == IndexExpr::Kind::Var ? &a : (b.kind() == IndexExpr::Kind::Var ? &b : nullptr);
   const IndexExpr* c = a.is_const() ? &a : (b.is_const() ? &b : nullptr);
   if (v == nullptr || c == nullptr) return false;
   *var = static_cast<int>(v->value());
@@ -224,7 +233,8 @@ std::vector<Tensor> reindex_vjp(const Node& n, const std::vector<Tensor>& inputs
       break;
     }
     case ReduceOp::And:
-    case ReduceOp::Or: break;  // bool: no gradient
+    case ReduceOp::Or:
+      break;  // bool: no gradient
   }
   return grads;
 }

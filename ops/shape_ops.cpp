@@ -6,6 +6,7 @@
 #include "elementwise.h"
 #include "reindex.h"
 #include "sources.h"
+#include "transfer.h"
 
 namespace kiln {
 namespace {
@@ -120,10 +121,14 @@ int split_axis(const Tensor& x, int64_t axis, const char* op) {
   return normalize_axis(op, axis, x.shape());
 }
 
-Tensor concat_as(const std::vector<Tensor>& tensors, int64_t axis, const char* op) {
+Tensor concat_as(const std::vector<Tensor>& inputs, int64_t axis, const char* op) {
   std::string name = op;
-  if (tensors.empty()) throw ValueError("[" + name + "] expects a non-empty list of tensors");
-  for (const Tensor& t : tensors) check_defined(t, op);
+  if (inputs.empty()) throw ValueError("[" + name + "] expects a non-empty list of tensors");
+  for (const Tensor& t : inputs) check_defined(t, op);
+  std::vector<Tensor> tensors = inputs;
+  std::vector<Tensor*> refs;
+  for (Tensor& t : tensors) refs.push_back(&t);
+  detail::align_devices(op, refs);
   const Tensor& first = tensors[0];
   if (first.ndim() == 0) {
     throw ShapeError("[" + name + "] cannot join rank-0 tensors (tensor 0 has shape []); " +
@@ -141,10 +146,6 @@ Tensor concat_as(const std::vector<Tensor>& tensors, int64_t axis, const char* o
       throw ShapeError("[" + name + "] tensor " + str(k) + " has shape " + shape_str(t.shape()) +
                        " but tensor 0 has shape " + shape_str(first.shape()) +
                        "; all sizes except along axis " + str(a) + " must match");
-    }
-    if (t.device() != first.device()) {
-      throw DeviceError("[" + name + "] tensor " + str(k) + " is on " + t.device().str() +
-                        " but tensor 0 is on " + first.device().str());
     }
     out[a] += t.shape()[a];
     dtype = promote_types(dtype, t.dtype());

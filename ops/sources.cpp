@@ -4,25 +4,24 @@
 #include <cstring>
 
 #include "elementwise.h"
+#include "transfer.h"
 
 namespace kiln {
 namespace {
 
 NodePtr make_source(OpCode op, const Shape& shape, DType dtype, Device device, const char* name) {
   check_sizes(name, shape);
-  if (device.kind != Device::Kind::CPU) {
-    throw DeviceError(std::string("[") + name + "] device " + device.str() +
-                      " is not available in this build; use Device::cpu()");
-  }
+  check_device_available(name, device);
   return std::make_shared<Node>(op, std::vector<NodePtr>{}, shape, dtype, device);
 }
 
-Tensor random_source(OpCode op, const Shape& shape, DType dtype, Generator& gen, const char* name) {
+Tensor random_source(OpCode op, const Shape& shape, DType dtype, Generator& gen, Device device,
+                     const char* name) {
   if (!is_floating(dtype)) {
     throw DTypeError(std::string("[") + name + "] expects a floating dtype, got " +
                      std::string(dtype_name(dtype)));
   }
-  NodePtr node = make_source(op, shape, dtype, Device::cpu(), name);
+  NodePtr node = make_source(op, shape, dtype, device, name);
   node->seed = gen.seed();
   // The counter is reserved when the tensor is created, so evaluating (or recomputing) it
   // later can never depend on what else was drawn in between.
@@ -37,27 +36,33 @@ Tensor full(const Shape& shape, const Scalar& value, DType dtype, Device device)
   node->scalar = value;
   return Tensor(std::move(node));
 }
-Tensor zeros(const Shape& shape, DType dtype, Device device) { return full(shape, 0, dtype, device); }
-Tensor ones(const Shape& shape, DType dtype, Device device) { return full(shape, 1, dtype, device); }
+Tensor zeros(const Shape& shape, DType dtype, Device device) {
+  return full(shape, 0, dtype, device);
+}
+Tensor ones(const Shape& shape, DType dtype, Device device) {
+  return full(shape, 1, dtype, device);
+}
 Tensor full_like(const Tensor& like, const Scalar& value) {
   return full(like.shape(), value, like.dtype(), like.device());
 }
 Tensor zeros_like(const Tensor& like) { return full_like(like, 0); }
 Tensor ones_like(const Tensor& like) { return full_like(like, 1); }
 
-Tensor index(const Shape& shape, int64_t axis, DType dtype) {
+Tensor index(const Shape& shape, int64_t axis, DType dtype, Device device) {
   int a = normalize_axis("index", axis, shape);
   if (shape.empty()) throw ShapeError("[index] needs a shape of rank >= 1, got []");
-  NodePtr node = make_source(OpCode::Iota, shape, dtype, Device::cpu(), "index");
+  NodePtr node = make_source(OpCode::Iota, shape, dtype, device, "index");
   node->axis = a;
   return Tensor(std::move(node));
 }
 
 Tensor arange(const Scalar& start, const Scalar& stop, const Scalar& step, DType dtype) {
   double s0 = start.to_double(), s1 = stop.to_double(), st = step.to_double();
-  if (st == 0.0 || std::isnan(st)) throw ValueError("[arange] step must be non-zero, got " + step.str());
+  if (st == 0.0 || std::isnan(st))
+    throw ValueError("[arange] step must be non-zero, got " + step.str());
   if (!std::isfinite(s0) || !std::isfinite(s1)) {
-    throw ValueError("[arange] bounds must be finite, got start=" + start.str() + " stop=" + stop.str());
+    throw ValueError("[arange] bounds must be finite, got start=" + start.str() +
+                     " stop=" + stop.str());
   }
   int64_t n;
   if (start.kind() != Scalar::Kind::Float && stop.kind() != Scalar::Kind::Float &&
@@ -73,8 +78,9 @@ Tensor arange(const Scalar& start, const Scalar& stop, const Scalar& step, DType
     n = count > 0 ? static_cast<int64_t>(count) : 0;
   }
   Tensor i = index({n}, 0, is_floating(dtype) ? DType::Float64 : DType::Int64);
-  Tensor v = is_floating(dtype) ? add(mul(i, scalar_tensor(st)), scalar_tensor(s0))
-                                : add(mul(i, scalar_tensor(step.to_int64())), scalar_tensor(start.to_int64()));
+  Tensor v = is_floating(dtype)
+                 ? add(mul(i, scalar_tensor(st)), scalar_tensor(s0))
+                 : add(mul(i, scalar_tensor(step.to_int64())), scalar_tensor(start.to_int64()));
   return cast(v, dtype);
 }
 
@@ -86,36 +92,37 @@ Tensor arange(const Scalar& start, const Scalar& stop, const Scalar& step) {
 
 Tensor arange(int64_t stop) { return arange(0, stop, 1, DType::Int64); }
 
-Tensor from_data(const void* data, const Shape& shape, DType dtype) {
-  NodePtr node = make_source(OpCode::Constant, shape, dtype, Device::cpu(), "from_data");
-  node->buffer = std::make_shared<Buffer>(node->nbytes(), Device::cpu());
-  if (node->nbytes() > 0) std::memcpy(node->buffer->data(), data, node->nbytes());
+Tensor from_data(const void* data, const Shape& shape, DType dtype, Device device) {
+  NodePtr node = make_source(OpCode::Constant, shape, dtype, device, "from_data");
+  auto host = std::make_shared<Buffer>(node->nbytes(), Device::cpu());
+  if (node->nbytes() > 0) std::memcpy(host->data(), data, node->nbytes());
+  node->buffer = device.is_cuda() ? detail::copy_buffer(*host, device) : std::move(host);
   return Tensor(std::move(node));
 }
 
-Tensor rand(const Shape& shape, DType dtype, Generator& gen) {
-  return random_source(OpCode::RandUniform, shape, dtype, gen, "rand");
+Tensor rand(const Shape& shape, DType dtype, Generator& gen, Device device) {
+  return random_source(OpCode::RandUniform, shape, dtype, gen, device, "rand");
 }
-Tensor randn(const Shape& shape, DType dtype, Generator& gen) {
-  return random_source(OpCode::RandNormal, shape, dtype, gen, "randn");
+Tensor randn(const Shape& shape, DType dtype, Generator& gen, Device device) {
+  return random_source(OpCode::RandNormal, shape, dtype, gen, device, "randn");
 }
 
-Tensor randint(int64_t low, int64_t high, const Shape& shape, Generator& gen) {
+Tensor randint(int64_t low, int64_t high, const Shape& shape, Generator& gen, Device device) {
   if (high <= low) {
     throw ValueError("[randint] expects low < high, got low=" + std::to_string(low) +
                      " high=" + std::to_string(high));
   }
   // float64 uniforms carry 53 bits, enough for any range a tensor can index.
-  Tensor u = rand(shape, DType::Float64, gen);
+  Tensor u = rand(shape, DType::Float64, gen, device);
   Tensor v = floor(mul(u, scalar_tensor(static_cast<double>(high - low))));
   return add(cast(v, DType::Int64), scalar_tensor(low));
 }
 
-Tensor bernoulli(const Shape& shape, double p, Generator& gen) {
+Tensor bernoulli(const Shape& shape, double p, Generator& gen, Device device) {
   if (!(p >= 0.0 && p <= 1.0)) {
     throw ValueError("[bernoulli] probability must be in [0, 1], got " + Scalar(p).str());
   }
-  return lt(rand(shape, DType::Float32, gen), scalar_tensor(p));
+  return lt(rand(shape, DType::Float32, gen, device), scalar_tensor(p));
 }
 
 }  // namespace kiln

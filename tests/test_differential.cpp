@@ -24,12 +24,11 @@
 // compiler choice may be read once per process, the test re-runs this binary with
 // KILN_CPU_COMPILER=llvm and =external (KILN_DIFF_COMPILERS overrides the list, e.g.
 // "external" for a -DKILN_WITH_LLVM=OFF build); the child runs the graphs in-process.
-#include <catch2/catch.hpp>
-
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <array>
+#include <catch2/catch.hpp>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -40,14 +39,15 @@
 #include <string>
 #include <vector>
 
+#include "core/cuda_driver.h"
 #include "frontend/kiln.h"
 #include "jit/compiler.h"
 #include "random_graph.h"
 
 using kiln::DType;
 using kiln::Tensor;
-using kiln::test::RandomGraph;
 using kiln::test::build_random_graph;
+using kiln::test::RandomGraph;
 
 namespace {
 
@@ -58,11 +58,16 @@ struct Tolerance {
 /// The stated per-dtype tolerance (file comment); integers and bool are exact.
 Tolerance stated_tolerance(DType d) {
   switch (d) {
-    case DType::Float64: return {1e-9, 1e-12};
-    case DType::Float32: return {1e-4, 1e-5};
-    case DType::Float16: return {1e-2, 1e-3};
-    case DType::BFloat16: return {5e-2, 1e-2};
-    default: return {0, 0};
+    case DType::Float64:
+      return {1e-9, 1e-12};
+    case DType::Float32:
+      return {1e-4, 1e-5};
+    case DType::Float16:
+      return {1e-2, 1e-3};
+    case DType::BFloat16:
+      return {5e-2, 1e-2};
+    default:
+      return {0, 0};
   }
 }
 
@@ -85,8 +90,8 @@ std::string compare(const Tensor& want, const Tensor& got, double err, bool exac
   std::ostringstream os;
   os.precision(17);
   if (want.dtype() != got.dtype() || want.shape() != got.shape()) {
-    os << "dtype/shape " << kiln::dtype_name(got.dtype()) << kiln::shape_str(got.shape()) << ", expected "
-       << kiln::dtype_name(want.dtype()) << kiln::shape_str(want.shape());
+    os << "dtype/shape " << kiln::dtype_name(got.dtype()) << kiln::shape_str(got.shape())
+       << ", expected " << kiln::dtype_name(want.dtype()) << kiln::shape_str(want.shape());
     return os.str();
   }
   DType d = want.dtype();
@@ -95,7 +100,8 @@ std::string compare(const Tensor& want, const Tensor& got, double err, bool exac
     for (size_t i = 0; i < w.size(); ++i) {
       if (w[i] != g[i]) {
         os << "element " << i << " " << coords_of(want.shape(), i) << " of " << kiln::dtype_name(d)
-           << kiln::shape_str(want.shape()) << ": got " << g[i] << ", expected " << w[i] << " (exact)";
+           << kiln::shape_str(want.shape()) << ": got " << g[i] << ", expected " << w[i]
+           << " (exact)";
         return os.str();
       }
     }
@@ -107,14 +113,17 @@ std::string compare(const Tensor& want, const Tensor& got, double err, bool exac
   for (size_t i = 0; i < w.size(); ++i) {
     double a = g[i], b = w[i];
     bool ok;
-    if (std::isnan(a) || std::isnan(b)) ok = std::isnan(a) && std::isnan(b);
-    else if (std::isinf(a) || std::isinf(b)) ok = a == b;
-    else ok = std::fabs(a - b) <= tol.abs + tol.rel * std::fabs(b) + err;
+    if (std::isnan(a) || std::isnan(b))
+      ok = std::isnan(a) && std::isnan(b);
+    else if (std::isinf(a) || std::isinf(b))
+      ok = a == b;
+    else
+      ok = std::fabs(a - b) <= tol.abs + tol.rel * std::fabs(b) + err;
     if (!ok) {
       os << "element " << i << " " << coords_of(want.shape(), i) << " of " << kiln::dtype_name(d)
-         << kiln::shape_str(want.shape()) << ": got " << a << ", expected " << b << ", |diff| " << std::fabs(a - b)
-         << " > allowed " << tol.abs + tol.rel * std::fabs(b) + err << " (abs " << tol.abs << ", rel " << tol.rel
-         << ", propagated bound " << err << ")";
+         << kiln::shape_str(want.shape()) << ": got " << a << ", expected " << b << ", |diff| "
+         << std::fabs(a - b) << " > allowed " << tol.abs + tol.rel * std::fabs(b) + err << " (abs "
+         << tol.abs << ", rel " << tol.rel << ", propagated bound " << err << ")";
       return os.str();
     }
   }
@@ -124,7 +133,8 @@ std::string compare(const Tensor& want, const Tensor& got, double err, bool exac
 /// Text that reproduces a failing seed: the build log and kiln's graph dump.
 std::string describe(uint64_t seed) {
   RandomGraph g = build_random_graph(seed);
-  return "seed " + std::to_string(seed) + "\n" + kiln::test::graph_log(g) + kiln::dump_graph(g.outputs);
+  return "seed " + std::to_string(seed) + "\n" + kiln::test::graph_log(g) +
+         kiln::dump_graph(g.outputs);
 }
 
 struct RunStats {
@@ -133,7 +143,10 @@ struct RunStats {
 
 /// Evaluates seeds [first, first + count) under "reference" and `executor`, CHECKing each
 /// output; stops reporting after a few failing graphs to keep the log readable.
-RunStats run_differential(const char* executor, uint64_t first, int count, bool exact) {
+/// With `device` a CUDA device, the tested copy is built there (default_device), so the jit
+/// runs it with CUDA kernels while the reference copy stays on the CPU.
+RunStats run_differential(const char* executor, uint64_t first, int count, bool exact,
+                          kiln::Device device = kiln::Device::cpu()) {
   ExecutorGuard guard;
   // KILN_DIFF_SCALE=k runs k times as many graphs (a longer soak of the same protocol).
   if (const char* scale = std::getenv("KILN_DIFF_SCALE")) count *= std::max(1, std::atoi(scale));
@@ -143,7 +156,15 @@ RunStats run_differential(const char* executor, uint64_t first, int count, bool 
     // Reported if the executor crashes (Catch prints live INFO messages on a fatal signal).
     INFO("evaluating seed " << seed << " under " << executor);
     RandomGraph ref = build_random_graph(seed);
-    RandomGraph test = build_random_graph(seed);
+    kiln::set_default_device(device);
+    RandomGraph test;
+    try {
+      test = build_random_graph(seed);
+    } catch (...) {
+      kiln::set_default_device(kiln::Device::cpu());
+      throw;
+    }
+    kiln::set_default_device(kiln::Device::cpu());
     ++st.graphs;
     st.ops += ref.ops;
     st.outputs += static_cast<int>(ref.outputs.size());
@@ -181,9 +202,10 @@ RunStats run_differential(const char* executor, uint64_t first, int count, bool 
     }
   }
   if (std::getenv("KILN_DIFF_VERBOSE")) {
-    WARN(executor << ": " << st.graphs << " graphs, " << st.ops << " ops, " << st.outputs << " outputs, "
-                  << st.elements << " elements compared, " << st.graphs_with_build_errors
-                  << " graphs with a skipped step, " << st.failures << " disagree");
+    WARN(executor << ": " << st.graphs << " graphs, " << st.ops << " ops, " << st.outputs
+                  << " outputs, " << st.elements << " elements compared, "
+                  << st.graphs_with_build_errors << " graphs with a skipped step, " << st.failures
+                  << " disagree");
   }
   INFO("executor " << executor << ": " << st.failures << " of " << st.graphs << " graphs disagree");
   CHECK(st.failures == 0);
@@ -213,19 +235,37 @@ bool rounds(const kiln::Node& n) {
   using kiln::OpCode;
   if (!kiln::is_floating(n.dtype)) return false;
   switch (n.op) {
-    case OpCode::Exp: case OpCode::Exp2: case OpCode::Log: case OpCode::Log2: case OpCode::Log1p:
-    case OpCode::Expm1: case OpCode::Sqrt: case OpCode::Rsqrt: case OpCode::Reciprocal: case OpCode::Sin:
-    case OpCode::Cos: case OpCode::Tan: case OpCode::Tanh: case OpCode::Sigmoid: case OpCode::Erf:
-    case OpCode::Add: case OpCode::Sub: case OpCode::Mul: case OpCode::Div: case OpCode::Pow:
+    case OpCode::Exp:
+    case OpCode::Exp2:
+    case OpCode::Log:
+    case OpCode::Log2:
+    case OpCode::Log1p:
+    case OpCode::Expm1:
+    case OpCode::Sqrt:
+    case OpCode::Rsqrt:
+    case OpCode::Reciprocal:
+    case OpCode::Sin:
+    case OpCode::Cos:
+    case OpCode::Tan:
+    case OpCode::Tanh:
+    case OpCode::Sigmoid:
+    case OpCode::Erf:
+    case OpCode::Add:
+    case OpCode::Sub:
+    case OpCode::Mul:
+    case OpCode::Div:
+    case OpCode::Pow:
     case OpCode::RandNormal:
       return true;
-    case OpCode::ReindexReduce: return n.reduce == kiln::ReduceOp::Sum || n.reduce == kiln::ReduceOp::Prod;
+    case OpCode::ReindexReduce:
+      return n.reduce == kiln::ReduceOp::Sum || n.reduce == kiln::ReduceOp::Prod;
     case OpCode::Cast: {
       DType from = n.inputs[0]->dtype;
       return kiln::is_floating(from) && kiln::test::detail_graph::unit_roundoff(n.dtype) >
                                             kiln::test::detail_graph::unit_roundoff(from);
     }
-    default: return false;
+    default:
+      return false;
   }
 }
 
@@ -271,13 +311,15 @@ void perturb(kiln::Node& n, std::mt19937_64& rng) {
         std::memcpy(p + 2 * i, &b, 2);
         break;
       }
-      default: return;
+      default:
+        return;
     }
   }
 }
 
 // Runs the reference one node at a time, keeping every value, and perturbs rounded results.
-void perturbed_execute(const std::vector<kiln::Node*>& schedule, const std::vector<kiln::Node*>& requested) {
+void perturbed_execute(const std::vector<kiln::Node*>& schedule,
+                       const std::vector<kiln::Node*>& requested) {
   std::vector<kiln::Node*> keep = requested;
   for (kiln::Node* n : schedule) {
     keep.push_back(n);
@@ -297,7 +339,8 @@ const bool kPerturbedRegistered = [] {
 
 }  // namespace
 
-TEST_CASE("differential: the generator is deterministic, valid and covers the op families", "[differential]") {
+TEST_CASE("differential: the generator is deterministic, valid and covers the op families",
+          "[differential]") {
   ExecutorGuard guard;
   kiln::set_executor("reference");
   const int n = 300;
@@ -311,8 +354,10 @@ TEST_CASE("differential: the generator is deterministic, valid and covers the op
     REQUIRE(a.log == b.log);
     CHECK(a.ops >= 3);
     CHECK(a.ops <= 25);
-    if (a.build_errors == 0) ++clean;
-    else errors.insert(errors.end(), a.error_messages.begin(), a.error_messages.end());
+    if (a.build_errors == 0)
+      ++clean;
+    else
+      errors.insert(errors.end(), a.error_messages.begin(), a.error_messages.end());
     ops += a.ops;
     rejected += a.rejected;
     for (const Tensor& t : a.outputs) max_numel = std::max(max_numel, t.numel());
@@ -331,28 +376,37 @@ TEST_CASE("differential: the generator is deterministic, valid and covers the op
   std::string coverage;
   for (const auto& [k, v] : seen) coverage += k + ":" + std::to_string(v) + " ";
   INFO("coverage: " << coverage);
-  for (const char* family :
-       {"input", "add", "mul", "div", "exp", "log", "sqrt", "cast", "permute", "transpose", "slice", "flip",
-        "pad", "reshape", "broadcast_to", "concat/stack", "gather", "index_select", "sum", "mean", "prod", "max",
-        "min", "argmax/argmin", "softmax", "log_softmax", "logsumexp", "var", "matmul", "where", "clamp",
-        "reindex", "reindex_reduce", "floor_div", "mod", "any/all"}) {
+  for (const char* family : {"input",        "add",         "mul",
+                             "div",          "exp",         "log",
+                             "sqrt",         "cast",        "permute",
+                             "transpose",    "slice",       "flip",
+                             "pad",          "reshape",     "broadcast_to",
+                             "concat/stack", "gather",      "index_select",
+                             "sum",          "mean",        "prod",
+                             "max",          "min",         "argmax/argmin",
+                             "softmax",      "log_softmax", "logsumexp",
+                             "var",          "matmul",      "where",
+                             "clamp",        "reindex",     "reindex_reduce",
+                             "floor_div",    "mod",         "any/all"}) {
     INFO("family " << family);
     CHECK(seen[family] > 0);
   }
   if (std::getenv("KILN_DIFF_VERBOSE")) {
-    WARN("generator: " << n << " graphs, " << ops << " ops, " << clean << " without build errors, " << rejected
-                       << " results rejected as too large\ncoverage: " << coverage);
+    WARN("generator: " << n << " graphs, " << ops << " ops, " << clean << " without build errors, "
+                       << rejected << " results rejected as too large\ncoverage: " << coverage);
   }
 }
 
-TEST_CASE("differential: reference vs reference on 200 graphs (deterministic, bit-exact)", "[differential]") {
+TEST_CASE("differential: reference vs reference on 200 graphs (deterministic, bit-exact)",
+          "[differential]") {
   RunStats st = run_differential("reference", 1, 200, /*exact=*/true);
   CHECK(st.graphs >= 200);
   CHECK(st.graphs_with_build_errors * 20 <= st.graphs);
 }
 
-TEST_CASE("differential: reference vs a 1-ulp-perturbed reference on 1,000 graphs (tolerance model)",
-          "[differential]") {
+TEST_CASE(
+    "differential: reference vs a 1-ulp-perturbed reference on 1,000 graphs (tolerance model)",
+    "[differential]") {
   RunStats st = run_differential("differential-perturbed", 100000, 1000, /*exact=*/false);
   CHECK(st.graphs >= 1000);
 }
@@ -396,7 +450,8 @@ void run_jit_differential(const std::string& compiler) {
     return;
   }
   if (const char* list = std::getenv("KILN_DIFF_COMPILERS")) {
-    if (std::string(",") .append(list).append(",").find("," + compiler + ",") == std::string::npos) return;
+    if (std::string(",").append(list).append(",").find("," + compiler + ",") == std::string::npos)
+      return;
   }
   if (compiler == "llvm" && !kiln::jit::have_llvm()) {
     WARN("kiln built without LLVM: no llvm differential run");
@@ -420,12 +475,27 @@ TEST_CASE("differential: jit (external compiler) vs reference on 1,000 graphs",
   run_jit_differential("external");
 }
 
-TEST_CASE("differential: an out-of-range gather raises IndexError under every executor and leaves it usable",
-          "[differential][errors]") {
+// 100 graphs (about 700 distinct kernels): NVRTC takes ~0.15 s a kernel, and the GPU check
+// runs in one call of a few minutes; KILN_DIFF_SCALE=10 runs the whole corpus.
+TEST_CASE("differential: jit on cuda:0 vs reference on the cpu, 100 graphs",
+          "[differential][jit][cuda]") {
+  if (kiln::cuda::device_count() == 0) {
+    WARN("SKIPPED: no CUDA device (" << kiln::cuda::driver_status() << ")");
+    return;
+  }
+  run_differential("jit", 0, 100, false, kiln::Device::cuda(0));
+}
+
+TEST_CASE(
+    "differential: an out-of-range gather raises IndexError under every executor and leaves it "
+    "usable",
+    "[differential][errors]") {
   ExecutorGuard guard;
   std::vector<const char*> executors = {"reference", "differential-perturbed"};
-  if (executor_available("jit")) executors.push_back("jit");
-  else WARN("jit executor not built; checking the reference only");
+  if (executor_available("jit"))
+    executors.push_back("jit");
+  else
+    WARN("jit executor not built; checking the reference only");
   for (const char* ex : executors) {
     INFO("executor " << ex);
     kiln::set_executor(ex);
@@ -434,9 +504,15 @@ TEST_CASE("differential: an out-of-range gather raises IndexError under every ex
       Tensor x = kiln::exp(kiln::from_vector<float>({0.5f, 1.f, 1.5f, 2.f, 2.5f, 3.f}, {2, 3}));
       Tensor bad;
       switch (variant) {
-        case 0: bad = kiln::gather(x, 1, kiln::from_vector<int64_t>({0, 3, 1, 2}, {2, 2})); break;
-        case 1: bad = kiln::gather(x, 0, kiln::from_vector<int32_t>({-1, 0, 1}, {1, 3})); break;
-        case 2: bad = kiln::index_select(x, 1, kiln::from_vector<int64_t>({2, 7})); break;
+        case 0:
+          bad = kiln::gather(x, 1, kiln::from_vector<int64_t>({0, 3, 1, 2}, {2, 2}));
+          break;
+        case 1:
+          bad = kiln::gather(x, 0, kiln::from_vector<int32_t>({-1, 0, 1}, {1, 3}));
+          break;
+        case 2:
+          bad = kiln::index_select(x, 1, kiln::from_vector<int64_t>({2, 7}));
+          break;
         default: {
           // The bad index is computed inside the graph and the gather feeds a reduction.
           Tensor idx = kiln::add(kiln::from_vector<int64_t>({0, 1, 2, 0}, {2, 2}), 2);
@@ -446,8 +522,8 @@ TEST_CASE("differential: an out-of-range gather raises IndexError under every ex
       Tensor good = kiln::sum(kiln::mul(x, 2.0f));
       CHECK_THROWS_AS(bad.eval(), kiln::IndexError);
       // The executor stays usable: the same inputs and a fresh graph still evaluate.
-      CHECK(good.item<float>() == Approx(2 * (std::exp(0.5) + std::exp(1.0) + std::exp(1.5) + std::exp(2.0) +
-                                              std::exp(2.5) + std::exp(3.0)))
+      CHECK(good.item<float>() == Approx(2 * (std::exp(0.5) + std::exp(1.0) + std::exp(1.5) +
+                                              std::exp(2.0) + std::exp(2.5) + std::exp(3.0)))
                                       .epsilon(1e-5));
       RandomGraph g = build_random_graph(42 + static_cast<uint64_t>(variant));
       CHECK_NOTHROW(kiln::eval(g.outputs));

@@ -3,7 +3,6 @@
 // the message names the op in brackets and the offending shapes/dtypes. Shape ops,
 // reductions and linalg have their own [errors] tests next to them.
 #include <catch2/catch.hpp>
-
 #include <initializer_list>
 #include <string>
 #include <vector>
@@ -37,10 +36,10 @@ void check_message(Fn&& fn, std::initializer_list<const char*> parts) {
 }  // namespace
 
 // Asserts the exception type, then the message contents.
-#define CHECK_KILN_ERROR(expr, Type, ...)                   \
-  do {                                                      \
-    CHECK_THROWS_AS(expr, Type);                            \
-    check_message([&] { (void)(expr); }, {__VA_ARGS__});    \
+#define CHECK_KILN_ERROR(expr, Type, ...)                \
+  do {                                                   \
+    CHECK_THROWS_AS(expr, Type);                         \
+    check_message([&] { (void)(expr); }, {__VA_ARGS__}); \
   } while (0)
 
 namespace {
@@ -54,30 +53,34 @@ TEST_CASE("errors: broadcasting mismatches name the op and both shapes", "[error
   CHECK_KILN_ERROR(kiln::add(f32({2, 3}), f32({4})), kiln::ShapeError, "[add]", "[2, 3]", "[4]");
   CHECK_KILN_ERROR(f32({3, 1, 2}) * f32({4, 3}), kiln::ShapeError, "[mul]", "[3, 1, 2]", "[4, 3]");
   CHECK_KILN_ERROR(f32({2}) < i32({3}), kiln::ShapeError, "[lt]", "[2]", "[3]");
-  CHECK_KILN_ERROR(kiln::where(boolean({2, 3}), f32({3}), f32({4})), kiln::ShapeError, "[where]", "[4]");
-  CHECK_KILN_ERROR(kiln::clamp(f32({5}), f32({2}), Tensor()), kiln::ShapeError, "[clamp]", "[5]", "[2]");
+  CHECK_KILN_ERROR(kiln::where(boolean({2, 3}), f32({3}), f32({4})), kiln::ShapeError, "[where]",
+                   "[4]");
+  CHECK_KILN_ERROR(kiln::clamp(f32({5}), f32({2}), Tensor()), kiln::ShapeError, "[clamp]", "[5]",
+                   "[2]");
   CHECK_KILN_ERROR(f32({0, 3}) + f32({2, 3}), kiln::ShapeError, "[add]", "[0, 3]", "[2, 3]");
 }
 
 TEST_CASE("errors: dtypes an op does not accept", "[errors]") {
   SECTION("where needs a bool condition") {
-    CHECK_KILN_ERROR(kiln::where(f32({2, 3}), f32({2, 3}), f32({2, 3})), kiln::DTypeError, "[where]", "bool",
-                     "float32[2, 3]");
+    CHECK_KILN_ERROR(kiln::where(f32({2, 3}), f32({2, 3}), f32({2, 3})), kiln::DTypeError,
+                     "[where]", "bool", "float32[2, 3]");
     CHECK_KILN_ERROR(kiln::where(i32({2}), 1.0, 0.0), kiln::DTypeError, "[where]", "int32[2]");
   }
   SECTION("bitwise ops need integers or bool") {
     CHECK_KILN_ERROR(kiln::bitwise_and(f32({2, 3}), f32({2, 3})), kiln::DTypeError, "[bitwise_and]",
                      "float32[2, 3]");
     CHECK_KILN_ERROR(i32({4}) | 1.5, kiln::DTypeError, "[bitwise_or]", "int32[4]");
-    CHECK_KILN_ERROR(kiln::bitwise_xor(kiln::full({2}, 1.0, DType::Float64), i32({2})), kiln::DTypeError,
-                     "[bitwise_xor]", "float64[2]");
+    CHECK_KILN_ERROR(kiln::bitwise_xor(kiln::full({2}, 1.0, DType::Float64), i32({2})),
+                     kiln::DTypeError, "[bitwise_xor]", "float64[2]");
     CHECK_KILN_ERROR(kiln::bitwise_not(f32({3})), kiln::DTypeError, "[bitwise_not]", "float32[3]");
-    CHECK_KILN_ERROR(~kiln::full({1}, 1.0, DType::Float16), kiln::DTypeError, "[bitwise_not]", "float16[1]");
+    CHECK_KILN_ERROR(~kiln::full({1}, 1.0, DType::Float16), kiln::DTypeError, "[bitwise_not]",
+                     "float16[1]");
   }
   SECTION("arithmetic that is undefined on bool") {
     CHECK_KILN_ERROR(kiln::sub(boolean({2}), boolean({2})), kiln::DTypeError, "[sub]", "bool[2]");
     CHECK_KILN_ERROR(-boolean({3}), kiln::DTypeError, "[neg]", "bool[3]");
-    CHECK_KILN_ERROR(kiln::floor_div(boolean({2}), boolean({2})), kiln::DTypeError, "[floor_div]", "bool[2]");
+    CHECK_KILN_ERROR(kiln::floor_div(boolean({2}), boolean({2})), kiln::DTypeError, "[floor_div]",
+                     "bool[2]");
     CHECK_KILN_ERROR(boolean({2}) % boolean({2}), kiln::DTypeError, "[mod]", "bool[2]");
     CHECK_KILN_ERROR(kiln::pow(boolean({2}), true), kiln::DTypeError, "[pow]", "bool[2]");
     CHECK_KILN_ERROR(kiln::floor(boolean({2})), kiln::DTypeError, "[floor]", "bool[2]");
@@ -88,47 +91,53 @@ TEST_CASE("errors: dtypes an op does not accept", "[errors]") {
 TEST_CASE("errors: elementwise() checks the number of operands", "[errors]") {
   // A binary op given one operand (or three) must not build a node that reads zeros.
   CHECK_THROWS_AS(kiln::elementwise(kiln::OpCode::Add, {f32({2})}), kiln::ValueError);
-  CHECK_THROWS_AS(kiln::elementwise(kiln::OpCode::Add, {f32({2}), f32({2}), f32({2})}), kiln::ValueError);
-  CHECK_THROWS_AS(kiln::elementwise(kiln::OpCode::Where, {boolean({2}), f32({2})}), kiln::ValueError);
+  CHECK_THROWS_AS(kiln::elementwise(kiln::OpCode::Add, {f32({2}), f32({2}), f32({2})}),
+                  kiln::ValueError);
+  CHECK_THROWS_AS(kiln::elementwise(kiln::OpCode::Where, {boolean({2}), f32({2})}),
+                  kiln::ValueError);
   // Not an elementwise op at all.
-  CHECK_KILN_ERROR(kiln::elementwise(kiln::OpCode::Reindex, {f32({2})}), kiln::ValueError, "[elementwise]",
-                   "reindex");
+  CHECK_KILN_ERROR(kiln::elementwise(kiln::OpCode::Reindex, {f32({2})}), kiln::ValueError,
+                   "[elementwise]", "reindex");
 }
 
 TEST_CASE("errors: broadcast_to a smaller rank or an incompatible shape", "[errors]") {
-  CHECK_KILN_ERROR(kiln::broadcast_to(f32({2, 3}), {3}), kiln::ShapeError, "[broadcast_to]", "[2, 3]", "[3]");
-  CHECK_KILN_ERROR(kiln::broadcast_to(f32({2, 3}), {2, 4}), kiln::ShapeError, "[broadcast_to]", "[2, 3]",
-                   "[2, 4]");
-  CHECK_KILN_ERROR(kiln::broadcast_to(f32({3, 1}), {5, 2, 2}), kiln::ShapeError, "[broadcast_to]", "[3, 1]",
-                   "[5, 2, 2]");
+  CHECK_KILN_ERROR(kiln::broadcast_to(f32({2, 3}), {3}), kiln::ShapeError, "[broadcast_to]",
+                   "[2, 3]", "[3]");
+  CHECK_KILN_ERROR(kiln::broadcast_to(f32({2, 3}), {2, 4}), kiln::ShapeError, "[broadcast_to]",
+                   "[2, 3]", "[2, 4]");
+  CHECK_KILN_ERROR(kiln::broadcast_to(f32({3, 1}), {5, 2, 2}), kiln::ShapeError, "[broadcast_to]",
+                   "[3, 1]", "[5, 2, 2]");
 }
 
 TEST_CASE("errors: malformed reindex and reindex_reduce maps", "[errors]") {
   Tensor x = f32({2, 3});
   IndexExpr i0 = IndexExpr::var(0), i1 = IndexExpr::var(1);
   SECTION("reindex: one expression per input dimension") {
-    CHECK_KILN_ERROR(kiln::reindex(x, {2, 3}, {i0}), kiln::ShapeError, "[reindex]", "[2, 3]", "1 expressions");
-    CHECK_KILN_ERROR(kiln::reindex(x, {2, 3}, {i0, i1, i0}), kiln::ShapeError, "[reindex]", "[2, 3]");
+    CHECK_KILN_ERROR(kiln::reindex(x, {2, 3}, {i0}), kiln::ShapeError, "[reindex]", "[2, 3]",
+                     "1 expressions");
+    CHECK_KILN_ERROR(kiln::reindex(x, {2, 3}, {i0, i1, i0}), kiln::ShapeError, "[reindex]",
+                     "[2, 3]");
   }
   SECTION("reindex: a coordinate beyond the loop domain") {
-    CHECK_KILN_ERROR(kiln::reindex(x, {2, 3}, {i0, IndexExpr::var(5)}), kiln::ValueError, "[reindex]", "i5",
-                     "rank 2");
-    CHECK_KILN_ERROR(kiln::reindex(x, {6}, {i0, i1 + IndexExpr::constant(1)}), kiln::ValueError, "[reindex]",
-                     "i1", "rank 1");
+    CHECK_KILN_ERROR(kiln::reindex(x, {2, 3}, {i0, IndexExpr::var(5)}), kiln::ValueError,
+                     "[reindex]", "i5", "rank 2");
+    CHECK_KILN_ERROR(kiln::reindex(x, {6}, {i0, i1 + IndexExpr::constant(1)}), kiln::ValueError,
+                     "[reindex]", "i1", "rank 1");
   }
   SECTION("reindex: index tensors must be integers, exist, and match the read's rank") {
     auto read = [](std::vector<IndexExpr> at) { return IndexExpr::load(1, std::move(at)); };
     Tensor fidx = f32({4});
-    CHECK_KILN_ERROR(kiln::reindex(x, {4}, {IndexExpr::constant(0), read({i0})}, 0, {fidx}), kiln::DTypeError,
-                     "[reindex]", "float32[4]");
+    CHECK_KILN_ERROR(kiln::reindex(x, {4}, {IndexExpr::constant(0), read({i0})}, 0, {fidx}),
+                     kiln::DTypeError, "[reindex]", "float32[4]");
     CHECK_KILN_ERROR(kiln::reindex(x, {4}, {IndexExpr::constant(0), read({i0})}, 0, {boolean({4})}),
                      kiln::DTypeError, "[reindex]", "bool[4]");
-    CHECK_KILN_ERROR(kiln::reindex(x, {4}, {IndexExpr::constant(0), IndexExpr::load(2, {i0})}, 0, {i32({4})}),
-                     kiln::ValueError, "[reindex]", "idx2", "1 index tensor");
+    CHECK_KILN_ERROR(
+        kiln::reindex(x, {4}, {IndexExpr::constant(0), IndexExpr::load(2, {i0})}, 0, {i32({4})}),
+        kiln::ValueError, "[reindex]", "idx2", "1 index tensor");
     CHECK_KILN_ERROR(kiln::reindex(x, {4}, {IndexExpr::constant(0), read({i0, i0})}, 0, {i32({4})}),
                      kiln::ShapeError, "[reindex]", "idx1", "[4]");
-    CHECK_KILN_ERROR(kiln::reindex(x, {4}, {IndexExpr::constant(0), read({i0})}, 0, {Tensor()}), kiln::ValueError,
-                     "[reindex]", "undefined");
+    CHECK_KILN_ERROR(kiln::reindex(x, {4}, {IndexExpr::constant(0), read({i0})}, 0, {Tensor()}),
+                     kiln::ValueError, "[reindex]", "undefined");
   }
   SECTION("reindex: negative output size") {
     CHECK_KILN_ERROR(kiln::reindex(x, {2, -3}, {i0, i1}), kiln::ValueError, "[reindex]", "[2, -3]");
@@ -136,17 +145,18 @@ TEST_CASE("errors: malformed reindex and reindex_reduce maps", "[errors]") {
   SECTION("reindex_reduce: and/or need bool, map length and rank") {
     CHECK_KILN_ERROR(kiln::reindex_reduce(x, kiln::ReduceOp::And, {2}, {i0}), kiln::DTypeError,
                      "[reindex_reduce]", "and", "float32");
-    CHECK_KILN_ERROR(kiln::reindex_reduce(i32({2, 3}), kiln::ReduceOp::Or, {2}, {i0}), kiln::DTypeError,
-                     "[reindex_reduce]", "or", "int32");
+    CHECK_KILN_ERROR(kiln::reindex_reduce(i32({2, 3}), kiln::ReduceOp::Or, {2}, {i0}),
+                     kiln::DTypeError, "[reindex_reduce]", "or", "int32");
     CHECK_KILN_ERROR(kiln::reindex_reduce(x, kiln::ReduceOp::Sum, {2, 1}, {i0}), kiln::ShapeError,
                      "[reindex_reduce]", "[2, 1]");
-    CHECK_KILN_ERROR(kiln::reindex_reduce(x, kiln::ReduceOp::Max, {2}, {IndexExpr::var(3)}), kiln::ValueError,
-                     "[reindex_reduce]", "i3", "rank 2");
+    CHECK_KILN_ERROR(kiln::reindex_reduce(x, kiln::ReduceOp::Max, {2}, {IndexExpr::var(3)}),
+                     kiln::ValueError, "[reindex_reduce]", "i3", "rank 2");
     CHECK_KILN_ERROR(kiln::reindex_reduce(x, kiln::ReduceOp::Sum, {-1}, {i0}), kiln::ValueError,
                      "[reindex_reduce]", "[-1]");
   }
   SECTION("an origin names the user-level op") {
-    CHECK_KILN_ERROR(kiln::reindex(x, {2}, {i0}, 0, {}, false, "gather"), kiln::ShapeError, "[gather]", "[2, 3]");
+    CHECK_KILN_ERROR(kiln::reindex(x, {2}, {i0}, 0, {}, false, "gather"), kiln::ShapeError,
+                     "[gather]", "[2, 3]");
   }
 }
 
@@ -180,10 +190,10 @@ TEST_CASE("errors: bad arguments to sources", "[errors]") {
     CHECK_KILN_ERROR(kiln::bernoulli({2}, NAN), kiln::ValueError, "[bernoulli]", "nan");
   }
   SECTION("a device that is not available") {
-    CHECK_KILN_ERROR(kiln::zeros({2}, DType::Float32, kiln::Device::cuda(0)), kiln::DeviceError, "cuda:0",
-                     "Device::cpu()");
-    CHECK_KILN_ERROR(kiln::full({2}, 1, DType::Int32, kiln::Device::cuda(1)), kiln::DeviceError, "[full]",
-                     "cuda:1");
+    CHECK_KILN_ERROR(kiln::zeros({2}, DType::Float32, kiln::Device::cuda(0)), kiln::DeviceError,
+                     "cuda:0", "Device::cpu()");
+    CHECK_KILN_ERROR(kiln::full({2}, 1, DType::Int32, kiln::Device::cuda(1)), kiln::DeviceError,
+                     "[full]", "cuda:1");
   }
 }
 
@@ -196,15 +206,22 @@ TEST_CASE("errors: from_vector checks the value count against the shape", "[erro
 }
 
 TEST_CASE("errors: operands on different devices", "[errors]") {
-  // No CUDA backend yet, so a CUDA-placed node is made by hand to reach the device checks.
-  Tensor on_gpu(std::make_shared<kiln::Node>(kiln::OpCode::Full, std::vector<kiln::NodePtr>{}, Shape{2},
-                                             DType::Float32, kiln::Device::cuda(0)));
-  CHECK_KILN_ERROR(f32({2}) + on_gpu, kiln::DeviceError, "[add]", "cpu", "cuda:0");
-  CHECK_KILN_ERROR(kiln::where(boolean({2}), on_gpu, f32({2})), kiln::DeviceError, "[where]", "cuda:0");
-  Tensor gpu_idx(std::make_shared<kiln::Node>(kiln::OpCode::Full, std::vector<kiln::NodePtr>{}, Shape{2},
-                                              DType::Int64, kiln::Device::cuda(0)));
-  CHECK_KILN_ERROR(kiln::reindex(f32({4}), {2}, {IndexExpr::load(1, {IndexExpr::var(0)})}, 0, {gpu_idx}),
-                   kiln::DeviceError, "[reindex]", "cuda:0", "cpu");
+  // Nodes holding data on cuda:0 are made by hand, so the checks are reached without a GPU.
+  // The cpu operands hold data too: pending fills have none and would simply be built on
+  // the other operand's device.
+  auto on_gpu = [](DType dtype) {
+    return Tensor(std::make_shared<kiln::Node>(kiln::OpCode::Constant, std::vector<kiln::NodePtr>{},
+                                               Shape{2}, dtype, kiln::Device::cuda(0)));
+  };
+  Tensor cpu = kiln::from_vector<float>({1.5f, 2.5f});
+  CHECK_KILN_ERROR(cpu + on_gpu(DType::Float32), kiln::DeviceError, "[add]", "cpu", "cuda:0");
+  Tensor mask = kiln::from_vector<bool>({true, false});
+  CHECK_KILN_ERROR(kiln::where(mask, on_gpu(DType::Float32), cpu), kiln::DeviceError, "[where]",
+                   "cuda:0");
+  CHECK_KILN_ERROR(
+      kiln::reindex(kiln::from_vector<float>({1, 2, 3, 4}), {2},
+                    {IndexExpr::load(1, {IndexExpr::var(0)})}, 0, {on_gpu(DType::Int64)}),
+      kiln::DeviceError, "[reindex]", "cuda:0", "cpu");
 }
 
 TEST_CASE("errors: reading values the wrong way", "[errors]") {
@@ -225,7 +242,8 @@ TEST_CASE("errors: undefined tensors", "[errors]") {
   CHECK_KILN_ERROR(kiln::exp(u), kiln::ValueError, "[exp]", "undefined");
   CHECK_KILN_ERROR(kiln::where(boolean({2}), u, 0.0), kiln::ValueError, "[where]", "undefined");
   CHECK_KILN_ERROR(kiln::cast(u, DType::Int32), kiln::ValueError, "[cast]", "undefined");
-  CHECK_KILN_ERROR(kiln::reindex(u, {2}, {IndexExpr::var(0)}), kiln::ValueError, "[reindex]", "undefined");
+  CHECK_KILN_ERROR(kiln::reindex(u, {2}, {IndexExpr::var(0)}), kiln::ValueError, "[reindex]",
+                   "undefined");
   CHECK_KILN_ERROR(u.eval(), kiln::ValueError, "[eval]", "undefined");
   CHECK_KILN_ERROR(kiln::eval({f32({1}), u}), kiln::ValueError, "[eval]", "undefined");
   CHECK_KILN_ERROR(u.item<float>(), kiln::ValueError, "[item]", "undefined");
@@ -243,7 +261,8 @@ TEST_CASE("errors: undefined tensors are reported by the op that received them",
   CHECK_THROWS_AS(kiln::zeros_like(u), kiln::ValueError);
 }
 
-TEST_CASE("errors: an out-of-range gathered index raises IndexError at evaluation, without leaks", "[errors]") {
+TEST_CASE("errors: an out-of-range gathered index raises IndexError at evaluation, without leaks",
+          "[errors]") {
   std::vector<float> xv = {1.5f, -2.0f, 3.25f, 4.0f};
   Tensor x = kiln::from_vector<float>(xv);
   Tensor bad_idx = kiln::from_vector<int64_t>({0, 2, 7});
@@ -264,7 +283,8 @@ TEST_CASE("errors: an out-of-range gathered index raises IndexError at evaluatio
   CHECK(pool_allocated() == before);
   CHECK(kiln::Node::live_count() == live_before);
   SECTION("the graph stays usable") {
-    Tensor ok = kiln::reindex(x * 2.0f, {3}, gather, 0, {kiln::from_vector<int64_t>({3, 1, 0})}, true);
+    Tensor ok =
+        kiln::reindex(x * 2.0f, {3}, gather, 0, {kiln::from_vector<int64_t>({3, 1, 0})}, true);
     CHECK(ok.to_vector<float>() == std::vector<float>{8.0f, -4.0f, 3.0f});
     // Without check_indices an out-of-range read gives the fill.
     Tensor filled = kiln::reindex(x, {3}, gather, -9.5, {bad_idx});

@@ -247,7 +247,7 @@ Tensor avg_pool2d(const Tensor& input, Size2 kernel, std::optional<Size2> stride
   std::vector<double> area(static_cast<size_t>(oh * ow));
   for (int64_t i = 0; i < oh; ++i)
     for (int64_t j = 0; j < ow; ++j) area[static_cast<size_t>(i * ow + j)] = ch[i] * cw[j];
-  return restore_batch(sums / cast(from_vector(area, {oh, ow}), x.dtype()), input);
+  return restore_batch(sums / cast(from_vector(area, {oh, ow}, x.device()), x.dtype()), input);
 }
 
 Tensor adaptive_avg_pool2d(const Tensor& input, Size2 output_size) {
@@ -291,9 +291,9 @@ Tensor adaptive_avg_pool2d(const Tensor& input, Size2 output_size) {
           inside[static_cast<size_t>(((i * ow + j) * sh + a) * sw + b)] =
               a < size_h[i] && b < size_w[j];
     }
-  Tensor mask = cast(from_vector(inside, {oh, ow, sh, sw}), DType::Bool);
+  Tensor mask = cast(from_vector(inside, {oh, ow, sh, sw}, x.device()), DType::Bool);
   Tensor sums = sum(where(mask, win, 0.0), {4, 5});
-  return restore_batch(sums / cast(from_vector(area, {oh, ow}), x.dtype()), input);
+  return restore_batch(sums / cast(from_vector(area, {oh, ow}, x.device()), x.dtype()), input);
 }
 
 Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& running_var,

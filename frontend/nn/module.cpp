@@ -23,9 +23,10 @@ std::string join(const std::vector<std::string>& items) {
 // An independent copy of `value`'s data: loading must not make the module's parameter and
 // the caller's dict share one node, or marking the parameter as a leaf (and later gradient
 // accumulation) would reach the caller's tensor too.
-Tensor fresh_copy(const Tensor& value) {
+// It is placed on `device`, the receiving tensor's, as torch's load_state_dict copies.
+Tensor fresh_copy(const Tensor& value, Device device) {
   value.eval();
-  return from_data(value.raw_data(), value.shape(), value.dtype());
+  return from_data(value.raw_data(), value.shape(), value.dtype(), device);
 }
 
 }  // namespace
@@ -188,7 +189,7 @@ void Module::load_state_dict(const StateDict& dict, bool strict) {
   NoGradGuard no_grad;
   for (auto& [n, t] : own) {
     auto it = dict.find(n);
-    if (it != dict.end()) t.assign(fresh_copy(it->second));
+    if (it != dict.end()) t.assign(fresh_copy(it->second, t.device()));
   }
 }
 
@@ -204,6 +205,21 @@ void Module::to(DType dtype) {
     auto [it, fresh] = cast_of.try_emplace(t.node().get());
     if (fresh) it->second = cast(t, dtype);
     t.set_data(it->second);
+  }
+}
+
+void Module::to(Device device) {
+  NoGradGuard no_grad;
+  std::vector<std::pair<std::string, Tensor>> all;
+  collect("", true, true, all);
+  collect("", true, false, all);
+  std::unordered_map<const Node*, Tensor> moved;  // tied tensors stay tied
+  for (auto& [_, t] : all) {
+    if (t.device() == device) continue;
+    auto [it, fresh] = moved.try_emplace(t.node().get());
+    if (fresh) it->second = t.to(device).eval();
+    t.set_data(it->second);
+    t.set_grad(Tensor());  // a gradient stays where it was computed
   }
 }
 

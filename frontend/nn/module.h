@@ -70,6 +70,9 @@ class Module {
 
   /// Casts every floating parameter and buffer to `dtype` (integer buffers keep theirs).
   void to(DType dtype);
+  /// Moves every parameter and buffer to `device` (gradients are dropped, as the values are
+  /// new tensors there); tied tensors stay tied.
+  void to(Device device);
   /// Clears the accumulated gradients of every parameter.
   void zero_grad();
   /// Total number of elements over all parameters.
