@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "bench_common.h"
+#include "distinct_graphs.h"
 #include "jit/executor.h"
 #include "jit/kernel_cache.h"
 #include "kiln/kiln.h"
@@ -34,28 +35,7 @@ namespace {
 using namespace kiln;
 using namespace kiln::bench;
 
-constexpr int kKernels = 24;
-
-// Kernel i: one of six unary chains, combined with y in one of four ways, half of them
-// reduced over rows: 24 distinct structures, so 24 distinct printed kernels.
-Tensor distinct_graph(int i, const Tensor& x, const Tensor& y) {
-  static const std::vector<std::function<Tensor(const Tensor&)>> unary = {
-      [](const Tensor& t) { return exp(t); },
-      [](const Tensor& t) { return sin(t) * t; },
-      [](const Tensor& t) { return tanh(t); },
-      [](const Tensor& t) { return sqrt(abs(t)); },
-      [](const Tensor& t) { return log1p(abs(t)); },
-      [](const Tensor& t) { return sigmoid(t) + cos(t); },
-  };
-  static const std::vector<std::function<Tensor(const Tensor&, const Tensor&)>> combine = {
-      [](const Tensor& a, const Tensor& b) { return a + b; },
-      [](const Tensor& a, const Tensor& b) { return a * b - b; },
-      [](const Tensor& a, const Tensor& b) { return maximum(a, b); },
-      [](const Tensor& a, const Tensor& b) { return where(a > b, a, b * b); },
-  };
-  Tensor t = combine[static_cast<size_t>((i / 6) % 4)](unary[static_cast<size_t>(i % 6)](x), y);
-  return i % 2 ? sum(t, 1) : t;
-}
+constexpr int kKernels = kDistinctGraphs;
 
 std::vector<Tensor> inputs() {
   std::vector<float> v(64 * 64);

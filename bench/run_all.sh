@@ -3,9 +3,11 @@
 # of {"workload", "kiln_ms", "baseline", "baseline_ms", ...} objects (docs/benchmarks.md).
 #
 # bench_fused and bench_compile run once per CPU compiler (the compiler is chosen once per
-# process); bench_gemm once. Other bench_* executables (bench_pool) print their own tables
-# and add nothing to the JSON. PyTorch baselines are used when importable, preferring the
-# one scripts/setup_torch.sh installs into .venv-torch (`make bench` runs that first).
+# process); bench_gemm, bench_train and bench_cuda once (bench_cuda adds no rows without a
+# CUDA device; scripts/gpu-check.sh runs it on the GPU machine). Other bench_* executables
+# (bench_pool) print their own tables and add nothing to the JSON. PyTorch baselines are
+# used when importable, preferring the one scripts/setup_torch.sh installs into .venv-torch
+# (`make bench` runs that first).
 #
 # Usage: bench/run_all.sh [BUILD_DIR]      (default: build)
 set -uo pipefail
@@ -47,10 +49,11 @@ for c in "${compilers[@]}"; do
 done
 [[ -x $bench_dir/bench_gemm ]] && run "$bench_dir/bench_gemm" --json "$lines"
 [[ -x $bench_dir/bench_train ]] && run "$bench_dir/bench_train" --json "$lines"
+[[ -x $bench_dir/bench_cuda ]] && run "$bench_dir/bench_cuda" --json "$lines"
 
 for exe in "$bench_dir"/bench_*; do
   case $(basename "$exe") in
-    bench_fused | bench_compile | bench_gemm | bench_train) continue ;;
+    bench_fused | bench_compile | bench_gemm | bench_train | bench_cuda) continue ;;
   esac
   [[ -f $exe && -x $exe ]] && run "$exe"
 done
