@@ -257,6 +257,9 @@ void check_index(int device) {
   }
 }
 
+// The context current on this thread as far as kiln set it; saves a driver call per op.
+thread_local CUcontext t_current = nullptr;
+
 // The device's state with its context and stream created. Throws for a bad index.
 DeviceState& device_state(int device) {
   check_index(device);
@@ -267,15 +270,13 @@ DeviceState& device_state(int device) {
     check(f.cuDevicePrimaryCtxRetain(&state.context, state.handle), "cuDevicePrimaryCtxRetain",
           "cuda:" + std::to_string(device));
     check(f.cuCtxSetCurrent(state.context), "cuCtxSetCurrent", "cuda:" + std::to_string(device));
+    t_current = state.context;  // this thread's current context changed
     // Non-blocking: kiln's work need not wait for other libraries' legacy default stream.
     check(f.cuStreamCreate(&state.stream, kStreamNonBlocking), "cuStreamCreate",
           "cuda:" + std::to_string(device));
   });
   return state;
 }
-
-// The context current on this thread as far as kiln set it; saves a driver call per op.
-thread_local CUcontext t_current = nullptr;
 
 DeviceState& current(int device) {
   DeviceState& state = device_state(device);

@@ -28,6 +28,7 @@ struct Library {
   std::string status;
   Status (*create)(Handle*) = nullptr;
   Status (*set_stream)(Handle, void*) = nullptr;
+  Status (*set_math_mode)(Handle, int) = nullptr;
   Status (*gemm)(Handle, int, int, int, int, int, const void*, const void*, int, int, long long,
                  const void*, int, int, long long, const void*, void*, int, int, long long, int,
                  int, int) = nullptr;
@@ -58,6 +59,8 @@ Library& library() {
       l->set_stream =
           reinterpret_cast<decltype(l->set_stream)>(dlsym(handle, "cublasSetStream_v2"));
       l->gemm = reinterpret_cast<decltype(l->gemm)>(dlsym(handle, "cublasGemmStridedBatchedEx"));
+      l->set_math_mode =
+          reinterpret_cast<decltype(l->set_math_mode)>(dlsym(handle, "cublasSetMathMode"));
       l->status_name =
           reinterpret_cast<decltype(l->status_name)>(dlsym(handle, "cublasGetStatusName"));
       if (l->create == nullptr || l->set_stream == nullptr || l->gemm == nullptr) {
@@ -97,6 +100,15 @@ Handle handle_for(Library& l, int device) {
     if (Status s = l.set_stream(created, cuda::stream(device)); s != kSuccess) {
       throw DeviceError("[cublas] cublasSetStream_v2 failed on cuda:" + std::to_string(device) +
                         ": " + status_text(l, s));
+    }
+    // CUBLAS_DEFAULT_MATH | CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION: split-K partial
+    // sums of float16/bfloat16 products stay in float32, as the header promises.
+    constexpr int kDefaultMathNoReducedReduction = 0 | 16;
+    if (l.set_math_mode != nullptr) {
+      if (Status s = l.set_math_mode(created, kDefaultMathNoReducedReduction); s != kSuccess) {
+        throw DeviceError("[cublas] cublasSetMathMode failed on cuda:" + std::to_string(device) +
+                          ": " + status_text(l, s));
+      }
     }
     h = created;
   }

@@ -141,6 +141,7 @@ void run_cuda_kernel(const LoweredKernel& lk, Node& root) {
                  static_cast<unsigned>(stage.block), 0, params);
     previous_grid = grid;
   }
+  // Evaluations are serialized (core/node.cpp), as for the CPU kernels' records.
   if (k.record) ++k.record->launches;
   if (err_data != nullptr) {
     int64_t host_err[4] = {0, 0, 0, 0};

@@ -165,7 +165,12 @@ CudaImage nvrtc_compile(const std::string& source, int arch, const std::string& 
                        " is older than every architecture NVRTC " + n.version_text +
                        " supports (oldest sm_" + std::to_string(n.supported.front()) + ")");
   image.is_cubin = cubin;
-  image.target = (cubin ? "sm_" : "compute_") + std::to_string(known ? arch : n.supported.back());
+  // PTX runs on GPUs at least as new as its target: the newest supported arch not above the
+  // device's.
+  int ptx_arch = n.supported.front();
+  for (int a : n.supported)
+    if (a <= arch) ptx_arch = a;
+  image.target = (cubin ? "sm_" : "compute_") + std::to_string(known ? arch : ptx_arch);
 
   std::vector<std::string> options = code_options();
   options.push_back("--gpu-architecture=" + image.target);

@@ -6,7 +6,8 @@
 //   struct KArgs { char* b[num_buffers]; long long P[num_params]; };   // passed by value
 // with b[0] the output, b[1..n] the inputs, b[n+1] the scratch, b[n+2] an int64[4] error
 // record zeroed by the host (err[0] != 0: IndexError with site err[1], value err[2], size
-// err[3]). Results match the CPU kernels bit for bit except for transcendental functions and
+// err[3]). Results match the CPU kernels bit for bit except for transcendental functions, NaN
+// payloads (the hardware conversions give canonical NaNs) and
 // the summation order of reductions (fixed per launch configuration, so deterministic).
 #include <cstdint>
 #include <string>

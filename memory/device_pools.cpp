@@ -24,7 +24,15 @@ class DeviceSource final : public SegmentSource {
       return nullptr;
     }
   }
-  void release(void* ptr, size_t) noexcept override { cuda::device_free(device_, ptr); }
+  // Blocks of the segment may still be read by kernels queued on kiln's stream (buffers are
+  // freed right after their last launch); the driver does not promise that cuMemFree waits.
+  void release(void* ptr, size_t) noexcept override {
+    try {
+      cuda::synchronize(device_);
+    } catch (const Error&) {
+    }
+    cuda::device_free(device_, ptr);
+  }
   bool host_addressable() const override { return false; }
   const char* who() const override { return "the CUDA driver"; }
 

@@ -110,12 +110,13 @@ std::vector<Tensor> transfer_vjp(const Node& node, const Tensor& g) {
 }
 
 std::shared_ptr<Buffer> copy_buffer(const Buffer& src, Device device) {
-  auto out = std::make_shared<Buffer>(src.bytes(), device);
   const size_t bytes = src.bytes();
-  if (bytes == 0) return out;
+  if (bytes == 0) return std::make_shared<Buffer>(0, device);
   const Device from = src.device();
-  // Uses keep both sides resident for the copy; the source is only read.
+  // Uses keep both sides resident for the copy; the source is pinned first so that
+  // allocating the destination cannot move it out.
   Buffer::Use in(src, false);
+  auto out = std::make_shared<Buffer>(bytes, device);
   Buffer::Use to_write(*out, true);
   if (!from.is_cuda() && !device.is_cuda()) {
     std::memcpy(to_write.data(), in.data(), bytes);

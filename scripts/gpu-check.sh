@@ -17,7 +17,7 @@
 # Exit status: 0 when every phase that ran passed, 1 otherwise.
 #
 # Files under $OUT (the device tool returns at most 8): gpu-check.md (summary, the benchmark
-# table), info.txt (machine, toolchain, `kiln info`), build.log, tests-cuda.log,
+# table), info.txt (machine, toolchain, `kiln info`), build.log, tests-cuda.log, tests-cuda-diff.log,
 # tests-nvrtc.log, bench-cuda.log, bench-cuda.json (rows as in bench/results/latest.json).
 set -uo pipefail
 
@@ -149,14 +149,18 @@ echo "## kiln info" >>"$info"
 if [[ -x $build/tools/kiln ]]; then
   run_phase "kiln info" 60 "$info" "$build/tools/kiln" info
 fi
+# The quick [cuda] cases first, then the benchmarks, then the GPU differential run (about
+# 700 kernels, each compiled by NVRTC on first use), so a slow phase cannot starve the rest.
 if [[ -x $build/tests/kiln_tests ]]; then
-  run_phase "tests [cuda]" 150 "$out/tests-cuda.log" "$build/tests/kiln_tests" "[cuda]" --durations yes
+  run_phase "tests [cuda]" 100 "$out/tests-cuda.log" "$build/tests/kiln_tests" "[cuda]~[differential]" --durations yes
   note_tests "tests [cuda]" "$out/tests-cuda.log"
 fi
 if [[ -x $build/bench/bench_cuda ]]; then
-  run_phase "bench_cuda" 200 "$out/bench-cuda.log" "$build/bench/bench_cuda" --json "$work/bench.jsonl"
+  run_phase "bench_cuda" 180 "$out/bench-cuda.log" "$build/bench/bench_cuda" --json "$work/bench.jsonl"
 fi
 if [[ -x $build/tests/kiln_tests ]]; then
+  run_phase "tests [cuda][differential]" 200 "$out/tests-cuda-diff.log" "$build/tests/kiln_tests" "[cuda][differential]" --durations yes
+  note_tests "tests [cuda][differential]" "$out/tests-cuda-diff.log"
   # [nvrtc] last: CPU machines run it too, so here it only gets the time that is left.
   if [[ ${GPU_CHECK_NVRTC:-1} != 0 ]]; then
     run_phase "tests [nvrtc]" 600 "$out/tests-nvrtc.log" "$build/tests/kiln_tests" "[nvrtc]"
