@@ -437,25 +437,32 @@ std::vector<Call> calls_of(const GemmLayout& L, int64_t base_a, int64_t base_b) 
   return calls;
 }
 
+// The BLAS operands of a layout: with L.swap (C stored transposed) B^T is the left operand,
+// so the nodes, their base offsets and the batch strides trade places.
+struct Operands {
+  Node* left;
+  Node* right;
+  int64_t base_a, base_b;
+};
+Operands operands_of(const GemmMatch& g, GemmLayout& L) {
+  if (!L.swap) return {g.a, g.b, L.a_offset, L.b_offset};
+  for (auto& bt : L.batches) std::swap(bt.a, bt.b);
+  return {g.b, g.a, L.b_offset, L.a_offset};
+}
+
 // The same calls on cuBLAS: one strided-batched call when the batch is a single plain
 // dimension, else one call per output block in order (summed dims accumulate with beta = 1).
 void run_gemm_cuda(const GemmMatch& g, Node& out, GemmLayout& L) {
   const int device = out.device.index;
   cuda::set_current(device);
   const auto elem = static_cast<int64_t>(itemsize(out.dtype));
-  Node* left = L.swap ? g.b : g.a;
-  Node* right = L.swap ? g.a : g.b;
+  const auto [left, right, base_a, base_b] = operands_of(g, L);
   Buffer::Use use_a(*left->buffer, false), use_b(*right->buffer, false);
   auto buffer = std::make_shared<Buffer>(out.nbytes(), out.device);
   Buffer::Use use_c(*buffer, true);
   char* c = static_cast<char*>(use_c.data());
   const char* a = static_cast<const char*>(use_a.data());
   const char* b = static_cast<const char*>(use_b.data());
-  int64_t base_a = L.a_offset, base_b = L.b_offset;
-  if (L.swap) {
-    for (auto& bt : L.batches) std::swap(bt.a, bt.b);
-    std::swap(base_a, base_b);
-  }
   if (out.nbytes() > 0 && (L.k == 0 || L.m == 0 || L.n == 0))
     cuda::memset_device(device, c, 0, out.nbytes());
   if (L.m > 0 && L.n > 0 && L.k > 0) {
@@ -500,13 +507,9 @@ void run_gemm(const GemmMatch& g) {
   auto buffer = std::make_shared<Buffer>(out.nbytes(), out.device);
   char* c = static_cast<char*>(buffer->data());
   if (L.k == 0) std::memset(c, 0, out.nbytes());
-  const char* a = static_cast<const char*>((L.swap ? g.b : g.a)->buffer->data());
-  const char* b = static_cast<const char*>((L.swap ? g.a : g.b)->buffer->data());
-  int64_t base_a = L.a_offset, base_b = L.b_offset;
-  if (L.swap) {
-    for (auto& bt : L.batches) std::swap(bt.a, bt.b);
-    std::swap(base_a, base_b);
-  }
+  const auto [left, right, base_a, base_b] = operands_of(g, L);
+  const char* a = static_cast<const char*>(left->buffer->data());
+  const char* b = static_cast<const char*>(right->buffer->data());
   // The calls, grouped by output block: the calls adding to one block must run in order.
   std::vector<std::vector<Call>> blocks;
   for (const Call& call : calls_of(L, base_a, base_b)) {

@@ -1,5 +1,6 @@
 #include "module.h"
 
+#include <functional>
 #include <ostream>
 #include <unordered_map>
 #include <unordered_set>
@@ -193,34 +194,32 @@ void Module::load_state_dict(const StateDict& dict, bool strict) {
   }
 }
 
-void Module::to(DType dtype) {
+void Module::replace_all(const std::function<bool(const Tensor&)>& wanted,
+                         const std::function<Tensor(const Tensor&)>& replacement, bool drop_grad) {
   NoGradGuard no_grad;
   std::vector<std::pair<std::string, Tensor>> all;
   collect("", true, true, all);
   collect("", true, false, all);
-  // Tied tensors (two handles on one node) get the same cast value, so they stay tied.
-  std::unordered_map<const Node*, Tensor> cast_of;
+  // Tied tensors (two handles on one node) get the same new value, so they stay tied.
+  std::unordered_map<const Node*, Tensor> done;
   for (auto& [_, t] : all) {
-    if (!is_floating(t.dtype()) || t.dtype() == dtype) continue;
-    auto [it, fresh] = cast_of.try_emplace(t.node().get());
-    if (fresh) it->second = cast(t, dtype);
+    if (!wanted(t)) continue;
+    auto [it, fresh] = done.try_emplace(t.node().get());
+    if (fresh) it->second = replacement(t);
     t.set_data(it->second);
+    if (drop_grad) t.set_grad(Tensor());
   }
 }
 
+void Module::to(DType dtype) {
+  replace_all([&](const Tensor& t) { return is_floating(t.dtype()) && t.dtype() != dtype; },
+              [&](const Tensor& t) { return cast(t, dtype); }, false);
+}
+
 void Module::to(Device device) {
-  NoGradGuard no_grad;
-  std::vector<std::pair<std::string, Tensor>> all;
-  collect("", true, true, all);
-  collect("", true, false, all);
-  std::unordered_map<const Node*, Tensor> moved;  // tied tensors stay tied
-  for (auto& [_, t] : all) {
-    if (t.device() == device) continue;
-    auto [it, fresh] = moved.try_emplace(t.node().get());
-    if (fresh) it->second = t.to(device).eval();
-    t.set_data(it->second);
-    t.set_grad(Tensor());  // a gradient stays where it was computed
-  }
+  // A gradient stays on the device where it was computed, so it is dropped.
+  replace_all([&](const Tensor& t) { return t.device() != device; },
+              [&](const Tensor& t) { return t.to(device).eval(); }, true);
 }
 
 void Module::zero_grad() {

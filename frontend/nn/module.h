@@ -3,6 +3,7 @@
 // torch.nn.Module. Parameters are Tensor handles: every copy (the module's member, the
 // vector parameters() returns, an optimizer's list) shares one handle, so an update made
 // through assign() on any copy is seen by the module.
+#include <functional>
 #include <iosfwd>
 #include <memory>
 #include <string>
@@ -86,6 +87,10 @@ class Module {
   void check_new_name(const std::string& name, const char* what) const;
   void collect(const std::string& prefix, bool recurse, bool params,
                std::vector<std::pair<std::string, Tensor>>& out) const;
+  // Sets every parameter and buffer that `wanted` picks to `replacement` of it (tied
+  // tensors once), under no_grad; the backbone of both to() overloads.
+  void replace_all(const std::function<bool(const Tensor&)>& wanted,
+                   const std::function<Tensor(const Tensor&)>& replacement, bool drop_grad);
   friend std::ostream& operator<<(std::ostream& os, const Module& m);
   void print(std::ostream& os, int indent) const;
 
