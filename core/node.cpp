@@ -120,6 +120,15 @@ std::vector<NodePtr> overlapping_held(const std::unordered_set<Node*>& scheduled
 }
 
 thread_local bool t_grad_mode = true;
+thread_local uint32_t t_checkpoint_region = 0;
+
+[[noreturn]] void raise_donated(const Node& n) {
+  throw ValueError("[" + std::string(n.origin ? n.origin : op_name(n.op)) + "] the value " +
+                   shape_str(n.shape) + " " + std::string(dtype_name(n.dtype)) +
+                   " was overwritten by an in-place update (an optimizer step or assign took "
+                   "over its buffer); compute what reads it before the update, or keep a "
+                   "handle to it (a held value is never donated)");
+}
 
 // Evaluations touch shared graph state (buffers, edges) of possibly overlapping graphs, so
 // they are serialized; building ops concurrently stays lock-free.
@@ -142,6 +151,7 @@ NodePtr Node::with(OpCode new_op, std::vector<NodePtr> new_inputs, Device new_de
   copy->offset = offset;
   copy->weak_scalar = weak_scalar;
   copy->origin = origin;
+  copy->checkpoint_region = checkpoint_region;
   copy->requires_grad = false;
   return copy;
 }
@@ -203,6 +213,7 @@ Node::Node(OpCode op_, std::vector<NodePtr> inputs_, Shape shape_, DType dtype_,
       inputs(std::move(inputs_)),
       id(g_next_id.fetch_add(1, std::memory_order_relaxed)) {
   g_live_nodes.fetch_add(1, std::memory_order_relaxed);
+  checkpoint_region = t_checkpoint_region;
   if (t_grad_mode && is_floating(dtype)) {
     for (const NodePtr& in : inputs) {
       if (in->requires_grad) {
@@ -230,6 +241,17 @@ Node::~Node() {
 }
 
 bool grad_mode_enabled() { return t_grad_mode; }
+
+uint32_t set_checkpoint_region(uint32_t region) {
+  uint32_t previous = t_checkpoint_region;
+  t_checkpoint_region = region;
+  return previous;
+}
+
+uint32_t new_checkpoint_region() {
+  static std::atomic<uint32_t> next{1};
+  return next.fetch_add(1, std::memory_order_relaxed);
+}
 
 bool set_grad_mode(bool enabled) {
   bool previous = t_grad_mode;
@@ -273,12 +295,14 @@ std::vector<Node*> pending_subgraph(const std::vector<Node*>& roots) {
   // Iterative post-order DFS: graphs can be deeper than the stack allows recursion.
   std::vector<std::pair<Node*, size_t>> stack;
   for (Node* root : roots) {
+    if (root != nullptr && root->donated) raise_donated(*root);
     if (root == nullptr || root->is_evaluated() || !seen.insert(root).second) continue;
     stack.push_back({root, 0});
     while (!stack.empty()) {
       auto& [node, next] = stack.back();
       if (next < node->inputs.size()) {
         Node* in = node->inputs[next++].get();
+        if (in->donated) raise_donated(*in);
         if (!in->is_evaluated() && seen.insert(in).second) stack.push_back({in, 0});
       } else {
         order.push_back(node);
@@ -341,6 +365,8 @@ void evaluate_nodes(const std::vector<Node*>& nodes) {
       fn(joint, all);
       schedule = std::move(joint);
       ran = true;
+    } catch (const OutOfMemoryError&) {
+      throw;  // the memory budget holds for the whole step, not for the request alone
     } catch (const Error&) {
       // A held tensor the user did not ask for failed (say, a bad gather index): that
       // error belongs to its own evaluation, so run just the request.

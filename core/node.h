@@ -52,6 +52,9 @@ struct Node : std::enable_shared_from_this<Node> {
   bool weak_scalar = false;
   /// The user-level op that created this node ("softmax", "matmul"), for messages and dumps.
   const char* origin = nullptr;
+  /// Nonzero for nodes built inside kiln::checkpoint (the region's number): the memory
+  /// planner releases their values once the region is done and rebuilds them when read.
+  uint32_t checkpoint_region = 0;
 
   // --- autograd ---
   /// Gradients flow through this node: set at construction when grad mode is on, the dtype
@@ -68,6 +71,12 @@ struct Node : std::enable_shared_from_this<Node> {
   std::shared_ptr<Buffer> buffer;
   /// Number of user-visible Tensor handles; evaluation keeps values that users still hold.
   std::atomic<int32_t> handles{0};
+  /// Set when an in-place update took over this value's buffer (donation, e.g. a parameter
+  /// replaced by an optimizer step): the old value is gone and reading it raises ValueError.
+  bool donated = false;
+  /// Set when assign() or set_data() moved a tensor off this value: only graphs already
+  /// built can read it, so the update that replaces it may take over its buffer.
+  bool replaced = false;
   /// Creation order, unique per process; names nodes in dumps.
   const uint64_t id;
 
@@ -111,6 +120,11 @@ bool grad_mode_enabled();
 /// Turns gradient recording on or off for this thread; returns the previous setting.
 bool set_grad_mode(bool enabled);
 
+/// Makes nodes built on this thread belong to checkpoint region `region` (0: none);
+/// returns the previous region. kiln::checkpoint uses it.
+uint32_t set_checkpoint_region(uint32_t region);
+/// A new, process-unique checkpoint region number.
+uint32_t new_checkpoint_region();
 /// Replaces a leaf's accumulated gradient, keeping the handle accounting right.
 void set_node_grad(Node& node, NodePtr grad);
 

@@ -115,6 +115,7 @@ void Tensor::rebind(const Tensor& value, const char* what, bool check_meta) {
   if (leaf && old.grad && old.grad->shape == next->shape && old.grad->dtype == next->dtype) {
     set_node_grad(*next, old.grad);
   }
+  old.replaced = true;
   impl_->reset(std::move(next));
 }
 

@@ -22,6 +22,7 @@
 #include "nvrtc_check.h"
 #include "printer_cpp.h"
 #include "simplify.h"
+#include "step_memory.h"
 
 namespace kiln::jit {
 namespace {
@@ -209,8 +210,9 @@ void run_group(const FusionGroup& group) {
   KernelHandle h = kernel_for(lk.ir);
   auto fn = reinterpret_cast<KernelFn>(h.fn);
   Node& root = *group.root;
-  auto buffer = std::make_shared<Buffer>(root.nbytes(), root.device);
-  root.buffer = buffer;
+  // The memory plan may have handed the root a dying input's buffer (in-place reuse).
+  if (!root.buffer) root.buffer = std::make_shared<Buffer>(root.nbytes(), root.device);
+  std::shared_ptr<Buffer> buffer = root.buffer;
   std::vector<char*> bufs(lk.ir.inputs.size() + 3, nullptr);
   bufs[0] = static_cast<char*>(buffer->data());
   for (size_t k = 0; k < lk.input_nodes.size(); ++k)
@@ -410,21 +412,7 @@ Plan make_plan(const std::vector<Node*>& schedule, const std::vector<Node*>& req
 void run_plan(const std::vector<Node*>& schedule, const std::vector<Node*>& requested) {
   Plan plan = make_plan(schedule, requested);
   const auto& groups = plan.fusion.groups;
-  std::unordered_map<Node*, size_t> last_use;
-  std::unordered_set<Node*> computed;
-  for (const FusionGroup& g : groups) computed.insert(g.root);
-  for (size_t g = 0; g < groups.size(); ++g)
-    for (Node* in : groups[g].inputs) last_use[in] = g;
-  for (size_t g = 0; g < groups.size(); ++g) {
-    run_group(groups[g]);
-    for (Node* in : groups[g].inputs) {
-      // Intermediates go back to the pool as soon as no later kernel reads them.
-      if (last_use[in] == g && computed.count(in) && !plan.outputs.count(in) &&
-          in->handles.load(std::memory_order_relaxed) == 0) {
-        in->buffer.reset();
-      }
-    }
-  }
+  run_with_memory_plan(plan.fusion, plan.outputs, schedule, plan.simplified.schedule, run_group);
   for (auto& [out, rep] : plan.simplified.alias) {
     if (out != rep && rep->buffer) out->buffer = rep->buffer;
   }

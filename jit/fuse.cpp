@@ -47,6 +47,10 @@ int own_cost(const Node& n) {
 
 constexpr int kDuplicateBudget = 12;
 constexpr int kMaxInlineDepth = 48;
+// Stored values one kernel may read. Every one of them must be resident while the kernel
+// runs, so a long sum of stored terms (gradient accumulation over an unrolled sequence)
+// fused into one kernel would hold them all at once; cut, the terms die as they are added.
+constexpr int kMaxKernelReads = 8;
 // Inline cost from which a value read through a widening reindex (a broadcast) is stored
 // instead: exp(x) feeding a matmul operand would otherwise be recomputed per output column.
 constexpr int kBroadcastBudget = 4;
@@ -101,22 +105,28 @@ FusionPlan fuse(const std::vector<Node*>& schedule, const std::unordered_set<Nod
 
   std::unordered_map<Node*, int> cost;   // inline cost; 0 once materialized
   std::unordered_map<Node*, int> depth;  // longest inlined chain below the node
+  std::unordered_map<Node*, int> reads;  // stored values the inlined tree below reads
   std::unordered_set<Node*> materialized;
   for (Node* n : schedule) {
     int c = own_cost(*n);
-    int dep = 1;
+    int dep = 1, r = 0;
     for (const NodePtr& in : n->inputs) {
       if (!in->is_evaluated() && !materialized.count(in.get())) {
         c += cost[in.get()];
         dep = std::max(dep, depth[in.get()] + 1);
+        r += reads[in.get()];
+      } else {
+        ++r;
       }
     }
     depth[n] = dep;
+    reads[n] = r;
     bool keep = no_fusion || outputs.count(n) || forced.count(n) ||
                 n->op == OpCode::ReindexReduce || n->op == OpCode::Transfer;
     // Long chains are cut into kernels of bounded depth: lowering walks them recursively
     // and one huge expression compiles slowly.
     if (!keep && dep >= kMaxInlineDepth) keep = true;
+    if (!keep && r > kMaxKernelReads && op_family(n->op) == OpFamily::Elementwise) keep = true;
     // Shared and costly: store once instead of recomputing per consumer.
     if (!keep && consumers[n] > 1 && c > kDuplicateBudget) keep = true;
     // Read through a broadcast that multiplies the work (matmul operands): store it.
@@ -127,6 +137,7 @@ FusionPlan fuse(const std::vector<Node*>& schedule, const std::unordered_set<Nod
       materialized.insert(n);
       cost[n] = 0;
       depth[n] = 0;
+      reads[n] = 0;
     } else {
       cost[n] = c;
     }

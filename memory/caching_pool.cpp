@@ -61,6 +61,10 @@ size_t class_index(size_t size) {
 
 }  // namespace
 
+size_t block_size(size_t bytes) {
+  return bytes <= kSmallMax ? small_class(bytes) : round_up(bytes, kAlignment);
+}
+
 std::string format_bytes(size_t bytes) {
   if (bytes < 1024) return std::to_string(bytes) + " B";
   static const char* const kUnits[] = {"KiB", "MiB", "GiB", "TiB", "PiB"};
@@ -260,6 +264,25 @@ PoolStats CachingPool::stats() const {
   return s;
 }
 
+size_t CachingPool::block_size_for(size_t bytes) const {
+  if (bytes <= kSmallMax) return small_class(bytes);  // small blocks are split exactly
+  const size_t size = round_up(bytes, kAlignment);
+  std::lock_guard lock(mutex_);
+  Block key;
+  key.size = size;
+  auto it = large_free_.lower_bound(&key);
+  // A fresh segment: shared ones are split like a free block, own ones are rounded.
+  size_t block = it != large_free_.end()
+                     ? (*it)->size
+                     : (size < kLargeShared ? kLargeSegment : round_up(size, kSmallSegment));
+  return block - size <= kSmallMax ? block : size;
+}
+
+size_t CachingPool::allocated() const {
+  std::lock_guard lock(mutex_);
+  return stats_.allocated;
+}
+
 void CachingPool::reset_peak_stats() {
   std::lock_guard lock(mutex_);
   stats_.peak_allocated = stats_.allocated;
@@ -446,6 +469,11 @@ std::string CachingPool::report_locked() const {
   row("cached", format_bytes(s.cached()));
   row("largest free block", format_bytes(s.largest_free));
   row("fragmentation", format_percent(s.fragmentation()));
+  {
+    char ratio[32];
+    std::snprintf(ratio, sizeof ratio, "%.3f", s.reserve_ratio());
+    row("reserved/allocated", ratio, "at peak");
+  }
   row("limit", s.limit == 0 ? "unlimited" : format_bytes(s.limit));
   row("", "count");
   row("allocations", std::to_string(s.num_allocs));

@@ -43,6 +43,13 @@ struct PoolStats {
   uint64_t os_allocs = 0;       ///< Segments obtained from the source over the pool's life.
   uint64_t os_frees = 0;        ///< Segments returned to the source over the pool's life.
 
+  /// Peak reserved over peak allocated (1.0 when every reserved byte was used at the peak):
+  /// the memory the pool's layout costs beyond what the program needed at once.
+  double reserve_ratio() const {
+    return peak_allocated == 0
+               ? 1.0
+               : static_cast<double>(peak_reserved) / static_cast<double>(peak_allocated);
+  }
   /// Cached bytes: reserved but not handed out.
   size_t cached() const { return reserved - allocated; }
   /// Share of cached bytes outside the largest free block, in [0, 1]: 0 when all cached
@@ -89,6 +96,11 @@ class CachingPool : public Allocator {
 
   /// A consistent snapshot of the counters.
   PoolStats stats() const;
+  /// The bytes allocate(`bytes`) would add to `allocated` now: the block it would take,
+  /// including a remainder too small to split off.
+  size_t block_size_for(size_t bytes) const;
+  /// Bytes handed out now (stats().allocated without the rest of the snapshot).
+  size_t allocated() const;
   /// Starts the peaks again from the current allocated and reserved bytes.
   void reset_peak_stats();
   /// Returns every fully free segment to the source; reserved drops to the segments in use.
@@ -155,5 +167,9 @@ class CachingPool : public Allocator {
 
 /// Human-readable size: "1000 B", "1.5 MiB".
 std::string format_bytes(size_t bytes);
+
+/// The block size a CachingPool hands out for a request of `bytes` (before any split
+/// remainder is left on the block): what the request adds to `allocated`.
+size_t block_size(size_t bytes);
 
 }  // namespace kiln::memory

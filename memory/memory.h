@@ -2,16 +2,19 @@
 // Everything memory/ offers, and the one report that covers every memory space.
 #include <string>
 
+#include "budget.h"
 #include "caching_pool.h"
 #include "device_pools.h"
 #include "host_pool.h"
 #include "placement.h"
+#include "plan_report.h"
+#include "step_record.h"
 
 namespace kiln::memory {
 
 /// The reports of every memory space: the host pool, then (with a CUDA driver) the pinned
 /// pool and each CUDA device's pool with its placement counters, or a line saying why there
-/// are no CUDA devices.
+/// are no CUDA devices; then the memory budget and the last step's plan figures.
 std::string report();
 
 }  // namespace kiln::memory

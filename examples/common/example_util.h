@@ -1,6 +1,7 @@
 #pragma once
 // What the training examples share: `--flag value` parsing with defaults and usage text, a
-// one-line progress bar, and the closing report (kernel cache and memory pool).
+// one-line progress bar, the memory pictures of a training step (--memory-timeline,
+// --trace), and the closing report (kernel cache and memory pool).
 #include <kiln/kiln.h>
 
 #include <chrono>
@@ -14,6 +15,7 @@
 #include <vector>
 
 #include "memory/host_pool.h"
+#include "memory/step_record.h"
 
 namespace example {
 
@@ -98,6 +100,35 @@ inline void progress(const std::string& label, int64_t done, int64_t total,
 /// Seconds since `start`.
 inline double seconds_since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+/// Declares --memory-timeline FILE and --trace FILE (both off by default): the last training
+/// step's bytes in use as an SVG picture, and its kernels as a Chrome trace.
+inline void add_memory_flags(Flags& flags) {
+  flags.add("memory-timeline", "",
+            "write the last training step's memory timeline (SVG picture) to this file");
+  flags.add("trace", "",
+            "write the last training step as a Chrome trace (ui.perfetto.dev, chrome://tracing)");
+}
+
+/// Turns step recording on when either picture was asked for; call it before training.
+inline void begin_memory_recording(const Flags& flags) {
+  if (!flags.str("memory-timeline").empty() || !flags.str("trace").empty())
+    kiln::memory::set_step_recording(true);
+}
+
+/// Writes the pictures asked for from the most recent evaluation; call it right after the
+/// last training step, before any evaluation or sampling replaces the record.
+inline void write_memory_pictures(const Flags& flags) {
+  if (const std::string path = flags.str("memory-timeline"); !path.empty()) {
+    kiln::memory::write_memory_timeline(path);
+    std::printf("wrote memory timeline to %s\n", path.c_str());
+  }
+  if (const std::string path = flags.str("trace"); !path.empty()) {
+    kiln::memory::write_chrome_trace(path);
+    std::printf("wrote Chrome trace to %s (open it in ui.perfetto.dev or chrome://tracing)\n",
+                path.c_str());
+  }
 }
 
 /// The closing report every example prints: what the JIT compiled or reused and what the

@@ -57,6 +57,7 @@ int run(const example::Flags& flags) {
   optim::Adam opt(model->parameters(), {.lr = flags.real("lr")});
   data::DataLoader loader(train,
                           {.batch_size = flags.integer("batch-size"), .shuffle = true, .seed = 1});
+  example::begin_memory_recording(flags);
   auto start = std::chrono::steady_clock::now();
   for (int64_t epoch = 1; epoch <= epochs; ++epoch) {
     model->train();
@@ -82,6 +83,7 @@ int run(const example::Flags& flags) {
                   example::seconds_since(start));
     example::progress("epoch " + std::to_string(epoch), epoch, epochs, text);
   }
+  example::write_memory_pictures(flags);  // the last step recorded is a training step
 
   model->eval();
   double test_acc;
@@ -116,5 +118,6 @@ int main(int argc, char** argv) {
   flags.add("test-fraction", "0.2", "share of the samples held out for testing");
   flags.add("seed", "0", "seed of the initialisation (kiln::manual_seed)");
   flags.add("save", "", "write the trained weights to this safetensors file");
+  example::add_memory_flags(flags);
   return flags.main(argc, argv, run);
 }

@@ -1,0 +1,410 @@
+#include "step_memory.h"
+
+#include <algorithm>
+#include <chrono>
+#include <unordered_map>
+
+#include "../core/error.h"
+#include "../memory/budget.h"
+#include "../memory/caching_pool.h"
+#include "../memory/device_pools.h"
+#include "../memory/host_pool.h"
+#include "../memory/memory.h"
+#include "../memory/plan_report.h"
+#include "../memory/recompute_planner.h"
+#include "../memory/step_record.h"
+
+namespace kiln::jit {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using memory::PlanKernel;
+using memory::PlanValue;
+using memory::StepEvent;
+
+// Rough seconds for one kernel: whichever of arithmetic and memory traffic dominates.
+double kernel_cost(const FusionGroup& g) {
+  double bytes = static_cast<double>(g.root->nbytes());
+  for (const Node* in : g.inputs) bytes += static_cast<double>(in->nbytes());
+  double flops = 0;
+  if (g.library && g.gemm.reduce && !g.gemm.reduce->inputs.empty())
+    flops = 2.0 * static_cast<double>(g.gemm.reduce->inputs[0]->numel());
+  else
+    for (const Node* m : g.members) flops = std::max(flops, static_cast<double>(m->numel()));
+  return std::max(flops / 1e11, bytes / 2e10) + 2e-6;  // plus a launch
+}
+
+std::string kernel_name(const FusionGroup& g) {
+  std::vector<std::string> names;
+  for (const Node* m : g.members) {
+    std::string n = m->origin ? m->origin : std::string(op_name(m->op));
+    if (std::find(names.begin(), names.end(), n) == names.end()) names.push_back(n);
+  }
+  std::string out;
+  for (size_t i = 0; i < names.size() && i < 4; ++i) out += (i ? "+" : "") + names[i];
+  if (names.size() > 4) out += "+...";
+  return out;
+}
+
+std::string value_shape(const Node* n) {
+  return shape_str(n->shape) + " " + std::string(dtype_name(n->dtype));
+}
+
+memory::CachingPool& pool_of(Device d) {
+  return d.is_cuda() ? memory::device_pool(d.index) : memory::host_pool();
+}
+
+// The tables, plus the node behind every value.
+struct StepTables {
+  memory::StepGraph graph;
+  std::vector<Node*> nodes;
+  Device device = Device::cpu();
+};
+
+StepTables build_tables(const FusionPlan& plan, const std::unordered_set<Node*>& outputs,
+                        const std::vector<Node*>& original, const std::vector<Node*>& simplified) {
+  StepTables t;
+  const auto& groups = plan.groups;
+  for (const FusionGroup& g : groups)
+    if (g.root->device.is_cuda()) {
+      t.device = g.root->device;
+      break;
+    }
+  std::unordered_map<Node*, int> id;
+  auto value_of = [&](Node* n, int producer) {
+    auto [it, fresh] = id.emplace(n, static_cast<int>(t.nodes.size()));
+    if (fresh) {
+      t.nodes.push_back(n);
+      PlanValue v;
+      v.bytes = n->device == t.device ? memory::block_size(n->nbytes()) : 0;
+      v.producer = producer;
+      v.output = outputs.count(n) > 0 || n->handles.load(std::memory_order_relaxed) > 0;
+      t.graph.values.push_back(v);
+    }
+    return it->second;
+  };
+  for (const FusionGroup& g : groups) value_of(g.root, -1);  // ids first, producers below
+  for (size_t k = 0; k < groups.size(); ++k)
+    t.graph.values[static_cast<size_t>(id.at(groups[k].root))].producer = static_cast<int>(k);
+  std::vector<int> last_read;
+  for (size_t k = 0; k < groups.size(); ++k) {
+    PlanKernel pk;
+    for (Node* in : groups[k].inputs) {
+      int v = value_of(in, -1);
+      if (std::find(pk.inputs.begin(), pk.inputs.end(), v) == pk.inputs.end())
+        pk.inputs.push_back(v);
+    }
+    pk.output = id.at(groups[k].root);
+    pk.cost = kernel_cost(groups[k]);
+    pk.region = groups[k].root->checkpoint_region & ~kCheckpointResultBit;
+    pk.region_result = (groups[k].root->checkpoint_region & kCheckpointResultBit) != 0;
+    t.graph.kernels.push_back(std::move(pk));
+  }
+  last_read.assign(t.nodes.size(), -1);
+  for (size_t k = 0; k < groups.size(); ++k)
+    for (int v : t.graph.kernels[k].inputs) last_read[static_cast<size_t>(v)] = static_cast<int>(k);
+
+  // A leaf may be donated only when it was replaced (assign) and nothing outside this step
+  // can reach it: no handle, no other owner of its buffer, and every reference to the node
+  // is an edge of a node of this evaluation.
+  std::unordered_map<Node*, int> edges;
+  for (size_t v = 0; v < t.nodes.size(); ++v) {
+    Node* n = t.nodes[v];
+    if (t.graph.values[v].producer < 0 && n->replaced && !t.graph.values[v].output && n->buffer &&
+        n->buffer.use_count() == 1)
+      edges.emplace(n, 0);
+  }
+  if (!edges.empty()) {
+    std::unordered_set<Node*> seen;
+    for (const auto* list : {&original, &simplified})
+      for (Node* n : *list)
+        if (seen.insert(n).second)
+          for (const NodePtr& in : n->inputs)
+            if (auto it = edges.find(in.get()); it != edges.end()) ++it->second;
+    for (auto [n, count] : edges)
+      if (n->weak_from_this().use_count() == count)
+        t.graph.values[static_cast<size_t>(id.at(n))].releasable_leaf = true;
+  }
+
+  for (size_t k = 0; k < groups.size(); ++k) {
+    const FusionGroup& g = groups[k];
+    if (g.library || g.root->op == OpCode::Transfer) continue;
+    for (int v : t.graph.kernels[k].inputs) {
+      const PlanValue& pv = t.graph.values[static_cast<size_t>(v)];
+      Node* n = t.nodes[static_cast<size_t>(v)];
+      if (pv.output || last_read[static_cast<size_t>(v)] != static_cast<int>(k) ||
+          n->device != g.root->device || (pv.producer < 0 && !pv.releasable_leaf) ||
+          !reads_at_output_index(g, n))
+        continue;
+      t.graph.kernels[k].in_place_input = v;
+      break;
+    }
+  }
+  t.graph.start_bytes = pool_of(t.device).allocated();
+  return t;
+}
+
+// Runs the planner's actions on the real nodes and records what happened.
+class JitMachine final : public memory::StepMachine {
+ public:
+  JitMachine(const FusionPlan& plan, const StepTables& t, const GroupRunner& run, bool record)
+      : plan_(plan),
+        t_(t),
+        run_(run),
+        pool_(pool_of(t.device)),
+        record_(record),
+        evictions_(t.nodes.size(), 0),
+        rebuilds_(t.nodes.size(), 0) {}
+
+  size_t in_use() override { return pool_.allocated(); }
+
+  size_t bytes_for(int v) override {
+    const Node* n = t_.nodes[static_cast<size_t>(v)];
+    return n->device == t_.device ? pool_.block_size_for(n->nbytes()) : 0;
+  }
+
+  void run(int k, bool recompute, bool in_place) override {
+    const FusionGroup& g = plan_.groups[static_cast<size_t>(k)];
+    const PlanKernel& pk = t_.graph.kernels[static_cast<size_t>(k)];
+    Node* donor = in_place ? t_.nodes[static_cast<size_t>(pk.in_place_input)] : nullptr;
+    bool reused = false;
+    if (donor && donor->buffer && donor->buffer.use_count() == 1 && !g.root->device.is_cuda()) {
+      g.root->buffer = donor->buffer;  // the donor still reads it during the kernel
+      reused = true;
+    }
+    const double start = us();
+    try {
+      run_(g);
+    } catch (...) {
+      if (reused) g.root->buffer.reset();
+      throw;
+    }
+    if (reused) in_place_kernels_.push_back(k);
+    if (donor) {
+      donor->buffer.reset();  // taken over, or (on CUDA) released once the kernel has read it
+      ++in_place_;
+      if (t_.graph.values[static_cast<size_t>(pk.in_place_input)].producer < 0) {
+        donor->donated = true;
+        ++donated_;
+        ++released_leaves_;
+      }
+    }
+    if (recompute) ++rebuilds_[static_cast<size_t>(pk.output)];
+    if (record_)
+      events_.push_back({recompute ? StepEvent::Kind::Recompute : StepEvent::Kind::Run, k,
+                         pk.output, t_.graph.values[static_cast<size_t>(pk.output)].bytes,
+                         pool_.allocated(), reused || (donor != nullptr), start, us()});
+  }
+
+  void release(int v, bool evict) override {
+    Node* n = t_.nodes[static_cast<size_t>(v)];
+    n->buffer.reset();
+    if (t_.graph.values[static_cast<size_t>(v)].producer < 0) {
+      n->donated = true;
+      ++released_leaves_;
+    }
+    if (evict) ++evictions_[static_cast<size_t>(v)];
+    if (record_) {
+      const double now = us();
+      events_.push_back({evict ? StepEvent::Kind::Evict : StepEvent::Kind::Free, -1, v,
+                         t_.graph.values[static_cast<size_t>(v)].bytes, pool_.allocated(), false,
+                         now, now});
+    }
+  }
+
+  double us() const {
+    return std::chrono::duration<double, std::micro>(Clock::now() - begin_).count();
+  }
+
+  const FusionPlan& plan_;
+  const StepTables& t_;
+  const GroupRunner& run_;
+  memory::CachingPool& pool_;
+  bool record_;
+  Clock::time_point begin_ = Clock::now();
+  std::vector<StepEvent> events_;
+  std::vector<int> evictions_, rebuilds_;
+  size_t in_place_ = 0, donated_ = 0, released_leaves_ = 0;
+  std::vector<int> in_place_kernels_;
+};
+
+[[noreturn]] void raise_over_budget(const StepTables& t, const std::vector<FusionGroup>& groups,
+                                    const memory::PlannerOptions& options,
+                                    const memory::StepPlan& plan) {
+  memory::PlannerOptions none = options;
+  none.budget = 0;
+  const size_t unplanned = memory::plan_step(t.graph, none).peak;
+  const size_t smallest = memory::smallest_feasible_budget(t.graph, options);
+  const std::string pool = pool_of(t.device).name();
+  int at = -1;
+  memory::lower_bound(t.graph, &at);
+  std::string where;
+  if (at >= 0) {
+    const memory::PlanKernel& k = t.graph.kernels[static_cast<size_t>(at)];
+    size_t in = 0;
+    for (int v : k.inputs) in += t.graph.values[static_cast<size_t>(v)].bytes;
+    where = "; the bound is reached at kernel " + std::to_string(at) + " (" +
+            kernel_name(groups[static_cast<size_t>(at)]) + ", " + std::to_string(k.inputs.size()) +
+            " inputs of " + memory::format_bytes(in) + ", output " +
+            value_shape(t.nodes[static_cast<size_t>(k.output)]) + ")";
+  }
+  throw OutOfMemoryError(
+      "[memory] this step cannot run within the memory budget of " +
+      memory::format_bytes(options.budget) + " on the " + pool + ": it needs at least " +
+      memory::format_bytes(plan.lower_bound) + " (lower bound: what is resident when it starts, " +
+      memory::format_bytes(t.graph.start_bytes) + ", plus the largest working set of one kernel" +
+      where +
+      "), and the smallest budget the planner "
+      "fits it into is " +
+      memory::format_bytes(smallest) + " (" + std::to_string(smallest) + " bytes; unplanned peak " +
+      memory::format_bytes(unplanned) + ", " + std::to_string(t.graph.kernels.size()) +
+      " kernels; at this budget: " + plan.failure +
+      "). Raise the budget (kiln::memory::set_budget, KILN_MEMORY_BUDGET) or make "
+      "the step smaller.\n" +
+      memory::report());
+}
+
+// The schedule with updates last: a kernel whose result nothing in the step reads and whose
+// inputs are all kept anyway (results, held tensors, leaves) moves to the end. Parameter
+// updates are such kernels; run early, they would release the replaced parameter while the
+// backward pass still has values computed from it, which could then no longer be rebuilt.
+// Moving them frees nothing later, since everything they read is kept.
+FusionPlan updates_last(const FusionPlan& plan, const std::unordered_set<Node*>& outputs) {
+  std::unordered_set<const Node*> read, roots;
+  for (const FusionGroup& g : plan.groups) {
+    roots.insert(g.root);
+    for (const Node* in : g.inputs) read.insert(in);
+  }
+  auto kept = [&](const Node* n) {
+    return !roots.count(n) || outputs.count(const_cast<Node*>(n)) ||
+           n->handles.load(std::memory_order_relaxed) > 0;
+  };
+  FusionPlan out;
+  std::vector<const FusionGroup*> last;
+  for (const FusionGroup& g : plan.groups) {
+    bool sink =
+        !read.count(g.root) && kept(g.root) && std::all_of(g.inputs.begin(), g.inputs.end(), kept);
+    if (sink)
+      last.push_back(&g);
+    else
+      out.groups.push_back(g);
+  }
+  for (const FusionGroup* g : last) out.groups.push_back(*g);
+  return out;
+}
+
+}  // namespace
+
+bool reads_at_output_index(const FusionGroup& group, const Node* input) {
+  const Node* root = group.root;
+  if (group.library || op_family(root->op) != OpFamily::Elementwise ||
+      input->shape != root->shape || input->nbytes() != root->nbytes())
+    return false;
+  // Any read through a reindex or a reduction may be at another element: none of those
+  // members may reach the input.
+  std::unordered_set<const Node*> inside(group.members.begin(), group.members.end());
+  std::vector<const Node*> stack;
+  std::unordered_set<const Node*> seen;
+  for (const Node* m : group.members)
+    if (op_family(m->op) != OpFamily::Elementwise) stack.push_back(m);
+  while (!stack.empty()) {
+    const Node* m = stack.back();
+    stack.pop_back();
+    for (const NodePtr& in : m->inputs) {
+      if (in.get() == input) return false;
+      if (inside.count(in.get()) && seen.insert(in.get()).second) stack.push_back(in.get());
+    }
+  }
+  return true;
+}
+
+void run_with_memory_plan(const FusionPlan& fused, const std::unordered_set<Node*>& outputs,
+                          const std::vector<Node*>& original, const std::vector<Node*>& simplified,
+                          const GroupRunner& run) {
+  const auto planning_started = Clock::now();
+  const FusionPlan plan = updates_last(fused, outputs);
+  StepTables t = build_tables(plan, outputs, original, simplified);
+  memory::PlannerOptions options;
+  options.budget = memory::budget(t.device);
+  memory::StepPlan simulated;
+  if (options.budget > 0) {
+    memory::PlannerOptions planned = options;
+    planned.budget = static_cast<size_t>(static_cast<double>(options.budget) *
+                                         (1.0 + std::max(memory::plan_margin(), 0.0)));
+    simulated = memory::plan_step(t.graph, planned);
+    if (!simulated.feasible) raise_over_budget(t, plan.groups, options, simulated);
+  }
+  const double planner_ms =
+      std::chrono::duration<double, std::milli>(Clock::now() - planning_started).count();
+
+  const bool record = memory::step_recording();
+  JitMachine machine(plan, t, run, record);
+  memory::StepPlan done = memory::execute_step(t.graph, options, machine);
+
+  memory::PlanSummary s;
+  s.pool = pool_of(t.device).name();
+  s.budget = options.budget;
+  s.start_bytes = t.graph.start_bytes;
+  s.lower_bound = done.lower_bound;
+  s.planned_peak = options.budget > 0 ? simulated.peak : done.peak;
+  s.measured_peak = done.peak;
+  s.within_budget = options.budget == 0 || done.peak <= options.budget;
+  s.kernels = t.graph.kernels.size();
+  s.in_place = machine.in_place_;
+  s.donated = machine.donated_;
+  s.released_leaves = machine.released_leaves_;
+  s.recomputes = done.recomputes;
+  s.evictions = done.evictions;
+  s.evicted_bytes = done.evicted_bytes;
+  s.fallback_evictions =
+      done.evictions > simulated.evictions ? done.evictions - simulated.evictions : 0;
+  s.base_cost = done.base_cost;
+  s.extra_cost = done.extra_cost;
+  s.planner_ms = planner_ms;
+  std::unordered_set<int> in_place(machine.in_place_kernels_.begin(),
+                                   machine.in_place_kernels_.end());
+  for (size_t v = 0; v < t.nodes.size(); ++v) {
+    const PlanValue& pv = t.graph.values[v];
+    // What the step adds and keeps: results not written over a value they replaced.
+    if (pv.output && pv.producer >= 0 && !in_place.count(pv.producer)) s.output_bytes += pv.bytes;
+    if (pv.producer < 0) continue;
+    ++s.values;
+    if (machine.evictions_[v] == 0) {
+      ++s.kept_values;
+      s.kept_bytes += pv.bytes;
+      continue;
+    }
+    s.recomputed.push_back({kernel_name(plan.groups[static_cast<size_t>(pv.producer)]),
+                            value_shape(t.nodes[v]), pv.bytes, machine.evictions_[v],
+                            machine.rebuilds_[v]});
+  }
+  std::stable_sort(s.recomputed.begin(), s.recomputed.end(),
+                   [](const auto& a, const auto& b) { return a.bytes > b.bytes; });
+
+  memory::StepRecord r;
+  r.pool = s.pool;
+  r.budget = s.budget;
+  r.start_bytes = s.start_bytes;
+  r.planned_peak = s.planned_peak;
+  r.measured_peak = s.measured_peak;
+  r.lower_bound = s.lower_bound;
+  r.recomputed_kernels = s.recomputes;
+  r.evicted_values = s.evictions;
+  r.base_cost = s.base_cost;
+  r.extra_cost = s.extra_cost;
+  r.planner_ms = planner_ms;
+  r.step_ms = machine.us() / 1000.0;
+  if (record) {
+    for (const FusionGroup& g : plan.groups) r.kernels.push_back(kernel_name(g));
+    for (size_t v = 0; v < t.nodes.size(); ++v) {
+      const PlanValue& pv = t.graph.values[v];
+      r.values.push_back({pv.producer >= 0 ? r.kernels[static_cast<size_t>(pv.producer)] : "leaf",
+                          value_shape(t.nodes[v]), pv.bytes, pv.producer, pv.output});
+    }
+    r.events = std::move(machine.events_);
+  }
+  memory::set_last_plan(std::move(s));
+  memory::set_last_step(std::move(r));
+}
+
+}  // namespace kiln::jit

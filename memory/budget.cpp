@@ -1,0 +1,102 @@
+#include "budget.h"
+
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <mutex>
+
+#include "../core/cuda_driver.h"
+#include "../core/error.h"
+#include "caching_pool.h"
+#include "device_pools.h"
+
+namespace kiln::memory {
+namespace {
+
+struct Budget {
+  size_t bytes = 0;     // an absolute budget, or
+  double fraction = 0;  // a share of each device's memory (0: not a fraction)
+};
+
+std::mutex g_mutex;
+Budget g_budget;
+bool g_loaded = false;
+double g_margin = 0;
+
+Budget parse(const std::string& spec, const std::string& what) {
+  // A bare number with a decimal point, or any number <= 1, is a fraction of the device.
+  char* end = nullptr;
+  double v = std::strtod(spec.c_str(), &end);
+  bool bare = end != spec.c_str();
+  while (bare && *end == ' ') ++end;
+  if (bare && *end == '\0' && (spec.find('.') != std::string::npos || v <= 1)) {
+    if (!(v > 0 && v <= 1) || !std::isfinite(v))
+      throw ValueError("[memory] " + what + " '" + spec +
+                       "' is not a budget; a fraction of device memory must be in (0, 1]");
+    return {0, v};
+  }
+  return {parse_memory_size(spec, what), 0};
+}
+
+void load_environment_locked() {
+  if (g_loaded) return;
+  g_loaded = true;
+  if (const char* text = std::getenv("KILN_MEMORY_BUDGET"); text != nullptr && *text)
+    g_budget = parse(text, "KILN_MEMORY_BUDGET");
+}
+
+size_t total_memory(Device device) {
+  if (device.is_cuda()) return cuda::memory_info(device.index).second;
+  long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
+  return pages > 0 && page > 0 ? static_cast<size_t>(pages) * static_cast<size_t>(page) : 0;
+}
+
+}  // namespace
+
+void set_budget(size_t bytes) {
+  std::lock_guard lock(g_mutex);
+  g_loaded = true;
+  g_budget = {bytes, 0};
+}
+
+void set_budget(const std::string& spec) {
+  Budget b = parse(spec, "memory budget");
+  std::lock_guard lock(g_mutex);
+  g_loaded = true;
+  g_budget = b;
+}
+
+void clear_budget() { set_budget(size_t{0}); }
+
+size_t budget(Device device) {
+  Budget b;
+  {
+    std::lock_guard lock(g_mutex);
+    load_environment_locked();
+    b = g_budget;
+  }
+  if (b.fraction == 0) return b.bytes;
+  return static_cast<size_t>(b.fraction * static_cast<double>(total_memory(device)));
+}
+
+void set_plan_margin(double fraction) {
+  std::lock_guard lock(g_mutex);
+  g_margin = fraction;
+}
+
+double plan_margin() {
+  std::lock_guard lock(g_mutex);
+  return g_margin;
+}
+
+std::string budget_description() {
+  std::lock_guard lock(g_mutex);
+  load_environment_locked();
+  if (g_budget.fraction > 0)
+    return std::to_string(static_cast<int>(std::lround(g_budget.fraction * 100))) +
+           "% of device memory";
+  return g_budget.bytes == 0 ? "none" : format_bytes(g_budget.bytes);
+}
+
+}  // namespace kiln::memory

@@ -1,0 +1,31 @@
+#pragma once
+// The memory budget of evaluations: how many bytes the pool of the device a step runs on
+// may have allocated at once. kiln plans every step to stay under it by releasing values
+// early and rebuilding them (memory/recompute_planner.h). None by default.
+#include <cstddef>
+#include <string>
+
+#include "../core/device.h"
+
+namespace kiln::memory {
+
+/// Sets the budget in bytes for every device (0 removes it).
+void set_budget(size_t bytes);
+/// Sets the budget from text: "2GB", "512MiB", "1.5GiB", plain bytes, or a fraction in
+/// (0, 1] ("0.5") of each device's total memory (physical RAM for the cpu). Throws
+/// ValueError for anything else. The KILN_MEMORY_BUDGET variable takes the same text.
+void set_budget(const std::string& spec);
+/// Removes the budget (the same as set_budget(0)).
+void clear_budget();
+/// The budget in bytes for `device`, or 0 when there is none.
+size_t budget(Device device = Device::cpu());
+/// Makes the static plan for budget × (1 + `fraction`) while execution still holds the
+/// budget itself, so the run-time fallback has to make up the difference (tests use it to
+/// exercise the fallback; 0 by default).
+void set_plan_margin(double fraction);
+/// The margin set by set_plan_margin().
+double plan_margin();
+/// The budget as set, for reports: "none", "2.0 GiB", "50% of device memory".
+std::string budget_description();
+
+}  // namespace kiln::memory

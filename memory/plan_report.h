@@ -1,0 +1,56 @@
+#pragma once
+// What the memory planner decided for the most recent evaluation, in figures a user can act
+// on: the budget, the lower bound, planned and measured peaks, which values were kept and
+// which were released and rebuilt, the bytes that saved and the extra work it cost.
+#include <cstddef>
+#include <string>
+#include <vector>
+
+namespace kiln::memory {
+
+/// A value the planner released early and rebuilt (or released for good).
+struct RecomputedValue {
+  std::string name;   ///< Source ops of its kernel ("matmul+relu").
+  std::string shape;  ///< "[256, 1024] float32".
+  size_t bytes = 0;   ///< Pool block bytes.
+  int evictions = 0;  ///< Times it was released early.
+  int rebuilds = 0;   ///< Times its kernel ran again.
+};
+
+/// The planner's figures for one evaluation.
+struct PlanSummary {
+  std::string pool;           ///< The budgeted pool.
+  size_t budget = 0;          ///< Bytes; 0: none.
+  size_t start_bytes = 0;     ///< Allocated when the step began.
+  size_t lower_bound = 0;     ///< No schedule fits in fewer bytes.
+  size_t planned_peak = 0;    ///< The simulated peak (equal to the measured one without a budget).
+  size_t measured_peak = 0;   ///< Highest allocated bytes seen during the step.
+  bool within_budget = true;  ///< False when the run-time fallback could not hold the budget.
+  /// Bytes of the results the step adds and keeps (gradients, the loss, held tensors), not
+  /// counting updates written over the values they replace.
+  size_t output_bytes = 0;
+  size_t kernels = 0;          ///< Kernels of the step.
+  size_t values = 0;           ///< Values the kernels produced.
+  size_t kept_values = 0;      ///< Of those, the ones never released early.
+  size_t kept_bytes = 0;       ///< Their bytes.
+  size_t in_place = 0;         ///< Kernels that wrote into a dying input's buffer.
+  size_t donated = 0;          ///< Of those, updates that took over a replaced value.
+  size_t released_leaves = 0;  ///< Replaced values (old parameters, states) released in the step.
+  size_t recomputes = 0;       ///< Kernels run again.
+  size_t evictions = 0;        ///< Values released early.
+  size_t evicted_bytes = 0;    ///< Σ bytes released early (what recomputation saved).
+  size_t fallback_evictions = 0;  ///< Evictions the plan did not foresee (run-time fallback).
+  double base_cost = 0;           ///< Estimated seconds of the step's kernels.
+  double extra_cost = 0;          ///< Estimated seconds of the rebuilds.
+  double planner_ms = 0;          ///< Planning time.
+  std::vector<RecomputedValue> recomputed;  ///< Largest first.
+};
+
+/// Stores the summary of the evaluation that just ran (the executor calls it).
+void set_last_plan(PlanSummary summary);
+/// The summary of the most recent evaluation run by the JIT.
+PlanSummary last_plan();
+/// last_plan() as readable text: figures, then the released-and-rebuilt values.
+std::string plan_report();
+
+}  // namespace kiln::memory

@@ -1,0 +1,423 @@
+#include "recompute_planner.h"
+
+#include <algorithm>
+#include <limits>
+
+namespace kiln::memory {
+namespace {
+
+constexpr int kNever = std::numeric_limits<int>::max();
+constexpr double kUnrebuildable = std::numeric_limits<double>::infinity();
+
+// One planning or execution of a step. Values are resident or missing; a missing value with
+// a producer can be rebuilt, a missing leaf is gone for good (it was donated after its
+// last read).
+class Engine {
+ public:
+  Engine(const StepGraph& g, const PlannerOptions& o, StepMachine* machine)
+      : g_(g), o_(o), machine_(machine), rng_(o.seed | 1) {
+    const size_t nv = g.values.size();
+    uses_.resize(nv);
+    for (size_t k = 0; k < g.kernels.size(); ++k)
+      for (int v : g.kernels[k].inputs)
+        uses_[static_cast<size_t>(v)].push_back(static_cast<int>(k));
+    resident_.assign(nv, 0);
+    lock_.assign(nv, 0);
+    pos_.assign(nv, -1);
+    kstamp_.assign(g.kernels.size(), 0);
+    horizon_.assign(nv, kNever);
+    for (size_t v = 0; v < nv; ++v)
+      if (g.values[v].producer < 0) resident_[v] = 1;
+    // A value can only be rebuilt while everything it comes from can still be had: the
+    // horizon is the earliest last read among the released leaves and the outputs of
+    // non-recomputable kernels it depends on (producers run in order).
+    for (const PlanKernel& k : g.kernels) {
+      int h = kNever;
+      for (int in : k.inputs) {
+        const PlanValue& pv = g.values[static_cast<size_t>(in)];
+        if (pv.producer < 0 ? pv.releasable_leaf
+                            : !g.kernels[static_cast<size_t>(pv.producer)].recomputable)
+          h = std::min(h, last_use(in));  // gone for good after its last read
+        else if (pv.producer >= 0)
+          h = std::min(h, horizon_[static_cast<size_t>(in)]);
+      }
+      if (k.output >= 0) horizon_[static_cast<size_t>(k.output)] = h;
+    }
+    cur_ = g.start_bytes;
+    for (const PlanKernel& k : g.kernels) plan_.base_cost += k.cost;
+  }
+
+  StepPlan run() {
+    plan_.lower_bound = lower_bound(g_);
+    const int nk = static_cast<int>(g_.kernels.size());
+    // Leaves nothing reads can go at once.
+    for (size_t v = 0; v < g_.values.size(); ++v)
+      if (g_.values[v].producer < 0 && g_.values[v].releasable_leaf && uses_[v].empty() &&
+          !g_.values[v].output)
+        release(static_cast<int>(v), false);
+    peak_ = usage();
+    for (p_ = 0; p_ < nk; ++p_) {
+      const PlanKernel& k = g_.kernels[static_cast<size_t>(p_)];
+      missing_.clear();
+      for (int in : k.inputs) {
+        if (resident_[static_cast<size_t>(in)])
+          ++lock_[static_cast<size_t>(in)];
+        else
+          missing_.push_back(in);
+      }
+      // rebuild() locks its target, also when an earlier rebuild already brought it back.
+      for (int in : missing_) {
+        if (!rebuild(in)) return finish();
+        // Ancestors rebuilt only for this input go again now that it is back.
+        for (int v : temps_) {
+          const PlanValue& pv = g_.values[static_cast<size_t>(v)];
+          if (resident_[static_cast<size_t>(v)] && lock_[static_cast<size_t>(v)] == 0 &&
+              pv.producer >= 0 && !pv.output && next_use(v, p_) == kNever)
+            release(v, false);
+        }
+        temps_.clear();
+      }
+      bool in_place = false;
+      if (int d = k.in_place_input; d >= 0) {
+        const PlanValue& dv = g_.values[static_cast<size_t>(d)];
+        in_place = resident_[static_cast<size_t>(d)] && lock_[static_cast<size_t>(d)] == 1 &&
+                   !dv.output && next_use(d, p_ + 1) == kNever &&
+                   (dv.producer >= 0 || dv.releasable_leaf) &&
+                   dv.bytes == g_.values[static_cast<size_t>(k.output)].bytes;
+      }
+      if (!execute(p_, false, in_place) && !machine_) return finish();
+      for (int in : k.inputs) --lock_[static_cast<size_t>(in)];
+      for (int in : k.inputs) after_read(in);
+      after_read(k.output);
+    }
+    return finish();
+  }
+
+ private:
+  size_t usage() { return machine_ ? machine_->in_use() : cur_; }
+
+  int last_use(int v) const {
+    const auto& u = uses_[static_cast<size_t>(v)];
+    return u.empty() ? -1 : u.back();
+  }
+  // The first read of v at or after position `from`.
+  int next_use(int v, int from) const {
+    const auto& u = uses_[static_cast<size_t>(v)];
+    auto it = std::lower_bound(u.begin(), u.end(), from);
+    return it == u.end() ? kNever : *it;
+  }
+  bool evictable(int v) const {
+    const PlanValue& pv = g_.values[static_cast<size_t>(v)];
+    return pv.producer >= 0 && !pv.output && pv.bytes > 0 &&
+           g_.kernels[static_cast<size_t>(pv.producer)].recomputable;
+  }
+  void add_candidate(int v) {
+    if (!evictable(v) || pos_[static_cast<size_t>(v)] >= 0) return;
+    pos_[static_cast<size_t>(v)] = static_cast<int>(cand_.size());
+    cand_.push_back(v);
+  }
+  void remove_candidate(int v) {
+    int at = pos_[static_cast<size_t>(v)];
+    if (at < 0) return;
+    int last = cand_.back();
+    cand_[static_cast<size_t>(at)] = last;
+    pos_[static_cast<size_t>(last)] = at;
+    cand_.pop_back();
+    pos_[static_cast<size_t>(v)] = -1;
+  }
+
+  void release(int v, bool evict) {
+    resident_[static_cast<size_t>(v)] = 0;
+    remove_candidate(v);
+    const size_t bytes = g_.values[static_cast<size_t>(v)].bytes;
+    plan_.actions.push_back({evict ? PlanAction::Kind::Evict : PlanAction::Kind::Free, v});
+    if (evict) ++plan_.evictions, plan_.evicted_bytes += bytes;
+    if (machine_)
+      machine_->release(v, evict);
+    else
+      cur_ -= bytes;
+  }
+
+  // After kernel p_ read or wrote v: release it when nothing reads it again, or when it was
+  // made inside a checkpoint and its next reader is outside that checkpoint.
+  void after_read(int v) {
+    if (v < 0 || !resident_[static_cast<size_t>(v)] || lock_[static_cast<size_t>(v)] > 0) return;
+    const PlanValue& pv = g_.values[static_cast<size_t>(v)];
+    if (pv.output) return;
+    const int next = next_use(v, p_ + 1);
+    if (pv.producer < 0) {
+      if (pv.releasable_leaf && next == kNever) release(v, false);
+      return;
+    }
+    if (next == kNever) return release(v, false);
+    const PlanKernel& producer = g_.kernels[static_cast<size_t>(pv.producer)];
+    const uint32_t region = producer.region;
+    if (region != 0 && !producer.region_result &&
+        g_.kernels[static_cast<size_t>(next)].region != region &&
+        next <= horizon_[static_cast<size_t>(v)] && evictable(v))
+      release(v, true);
+  }
+
+  // Σ cost of the distinct kernels that rebuilding v now would run (v's producer and every
+  // missing ancestor), or infinity when a missing ancestor cannot be rebuilt.
+  double rebuild_cost(int v) {
+    if (++stamp_ == 0) std::fill(kstamp_.begin(), kstamp_.end(), 0), stamp_ = 1;
+    double total = 0;
+    stack_.clear();
+    stack_.push_back(g_.values[static_cast<size_t>(v)].producer);
+    while (!stack_.empty()) {
+      int k = stack_.back();
+      stack_.pop_back();
+      if (kstamp_[static_cast<size_t>(k)] == stamp_) continue;
+      kstamp_[static_cast<size_t>(k)] = stamp_;
+      const PlanKernel& kernel = g_.kernels[static_cast<size_t>(k)];
+      if (!kernel.recomputable) return kUnrebuildable;
+      total += kernel.cost;
+      for (int in : kernel.inputs) {
+        if (resident_[static_cast<size_t>(in)]) continue;
+        int producer = g_.values[static_cast<size_t>(in)].producer;
+        if (producer < 0) return kUnrebuildable;
+        stack_.push_back(producer);
+      }
+    }
+    return total;
+  }
+
+  uint64_t next_random() {
+    rng_ += 0x9e3779b97f4a7c15ULL;
+    uint64_t z = rng_;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+  }
+
+  // The candidate to evict now, or -1.
+  int pick() {
+    sample_.clear();
+    for (int v : cand_)
+      if (lock_[static_cast<size_t>(v)] == 0) sample_.push_back({next_use(v, p_), v});
+    const size_t want =
+        static_cast<size_t>(std::max(o_.sample_furthest, 1) + std::max(o_.sample_random, 0));
+    if (sample_.size() > want) {
+      const size_t far = static_cast<size_t>(std::max(o_.sample_furthest, 1));
+      std::nth_element(sample_.begin(), sample_.begin() + static_cast<long>(far), sample_.end(),
+                       [](const auto& a, const auto& b) { return a.first > b.first; });
+      for (size_t i = far; i < want; ++i) {
+        size_t j = i + static_cast<size_t>(next_random() % (sample_.size() - i));
+        std::swap(sample_[i], sample_[j]);
+      }
+      sample_.resize(want);
+    }
+    int best = -1;
+    double best_score = kUnrebuildable;
+    size_t best_bytes = 0;
+    for (auto [next, v] : sample_) {
+      const size_t bytes = g_.values[static_cast<size_t>(v)].bytes;
+      double score;
+      if (next == kNever) {
+        score = -1;  // read by nothing ahead: releasing it costs nothing
+      } else {
+        if (next > horizon_[static_cast<size_t>(v)]) continue;
+        double cost = rebuild_cost(v);
+        if (cost == kUnrebuildable) continue;
+        score = cost / (static_cast<double>(bytes) * static_cast<double>(next - p_ + 1));
+      }
+      // Ties go to the bigger value, then the lower id, so plans are reproducible.
+      if (score < best_score ||
+          (score == best_score && (bytes > best_bytes || (bytes == best_bytes && v < best)))) {
+        best = v, best_score = score, best_bytes = bytes;
+      }
+    }
+    return best;
+  }
+
+  // Makes room for `need` more bytes; false when the budget cannot be held.
+  // `value` (or -1) is what will be allocated: an executing machine says how many bytes
+  // its pool will really hand out for it, which may exceed the planned size.
+  bool make_room(size_t need, int value) {
+    if (o_.budget == 0) return true;
+    while (usage() + (machine_ && value >= 0 ? machine_->bytes_for(value) : need) > o_.budget) {
+      if (plan_.extra_cost > o_.max_extra_cost * plan_.base_cost) {
+        return fail("recomputation would exceed " + std::to_string(o_.max_extra_cost) +
+                    "x the step's own work (the budget is too close to the lower bound)");
+      }
+      int v = pick();
+      if (v < 0) return fail("nothing left to evict at kernel " + std::to_string(p_));
+      release(v, true);
+    }
+    return true;
+  }
+
+  bool fail(std::string why) {
+    if (plan_.feasible) plan_.failure = std::move(why);
+    plan_.feasible = false;
+    return false;
+  }
+
+  // Runs kernel k (its inputs resident and locked). In execution a budget that cannot be
+  // held is reported, and the kernel runs anyway.
+  bool execute(int k, bool recompute, bool in_place) {
+    const PlanKernel& kernel = g_.kernels[static_cast<size_t>(k)];
+    const PlanValue& out = g_.values[static_cast<size_t>(kernel.output)];
+    bool ok = make_room(in_place ? 0 : out.bytes, in_place ? -1 : kernel.output);
+    const size_t need = in_place ? 0 : out.bytes;
+    if (!ok && !machine_) return false;
+    if (recompute && o_.budget > 0 && plan_.extra_cost > o_.max_extra_cost * plan_.base_cost) {
+      fail("recomputation would exceed " + std::to_string(o_.max_extra_cost) +
+           "x the step's own work (the budget is too close to the lower bound)");
+      if (!machine_) return false;
+    }
+    plan_.actions.push_back(
+        {recompute ? PlanAction::Kind::Recompute : PlanAction::Kind::Run, k, in_place});
+    if (recompute) ++plan_.recomputes, plan_.extra_cost += kernel.cost;
+    if (machine_) {
+      machine_->run(k, recompute, in_place);
+      peak_ = std::max(peak_, machine_->in_use());
+    } else {
+      cur_ += need;
+      peak_ = std::max(peak_, cur_);
+    }
+    if (in_place) {
+      resident_[static_cast<size_t>(kernel.in_place_input)] = 0;
+      remove_candidate(kernel.in_place_input);
+    }
+    resident_[static_cast<size_t>(kernel.output)] = 1;
+    add_candidate(kernel.output);
+    return ok;
+  }
+
+  // Rebuilds missing value `target` (an input of kernel p_), ancestors first, and leaves
+  // it locked for p_. Returns false when the plan must stop.
+  bool rebuild(int target) {
+    struct Frame {
+      int value;
+      bool expanded;
+    };
+    std::vector<Frame> frames{{target, false}};
+    while (!frames.empty()) {
+      Frame& f = frames.back();
+      const int v = f.value;
+      if (resident_[static_cast<size_t>(v)] && !f.expanded) {
+        ++lock_[static_cast<size_t>(v)];  // for whoever asked for it
+        frames.pop_back();
+        continue;
+      }
+      const int k = g_.values[static_cast<size_t>(v)].producer;
+      if (k < 0 || !g_.kernels[static_cast<size_t>(k)].recomputable)
+        return fail("value " + std::to_string(v) + " is gone and cannot be rebuilt");
+      const PlanKernel& kernel = g_.kernels[static_cast<size_t>(k)];
+      if (!f.expanded) {
+        f.expanded = true;
+        // Resident inputs are locked now, missing ones when their rebuild completes.
+        for (int in : kernel.inputs)
+          if (resident_[static_cast<size_t>(in)]) ++lock_[static_cast<size_t>(in)];
+        for (int in : kernel.inputs)
+          if (!resident_[static_cast<size_t>(in)]) frames.push_back({in, false});
+        continue;
+      }
+      if (!execute(k, true, false) && !machine_) return false;
+      for (int in : kernel.inputs) --lock_[static_cast<size_t>(in)];
+      // Ancestors rebuilt only for this stay until the whole input is rebuilt: a sibling may
+      // need them too (an LSTM's h and c both need the previous h and c, so releasing them
+      // at once would rebuild the chain exponentially often). Meanwhile they are the first
+      // candidates for eviction, since nothing ahead reads them.
+      for (int in : kernel.inputs) temps_.push_back(in);
+      ++lock_[static_cast<size_t>(v)];
+      frames.pop_back();
+    }
+    return true;
+  }
+
+  StepPlan finish() {
+    plan_.peak = peak_;
+    return std::move(plan_);
+  }
+
+  const StepGraph& g_;
+  const PlannerOptions& o_;
+  StepMachine* machine_;
+  uint64_t rng_;
+  std::vector<std::vector<int>> uses_;
+  std::vector<char> resident_;
+  std::vector<int> lock_, pos_, cand_, horizon_, stack_, missing_, temps_;
+  std::vector<uint32_t> kstamp_;
+  uint32_t stamp_ = 0;
+  std::vector<std::pair<int, int>> sample_;
+  size_t cur_ = 0, peak_ = 0;
+  int p_ = 0;
+  StepPlan plan_;
+};
+
+}  // namespace
+
+size_t lower_bound(const StepGraph& g, int* at_kernel) {
+  if (at_kernel) *at_kernel = -1;
+  const size_t nv = g.values.size();
+  std::vector<int> last(nv, -1);
+  for (size_t k = 0; k < g.kernels.size(); ++k)
+    for (int v : g.kernels[k].inputs) last[static_cast<size_t>(v)] = static_cast<int>(k);
+  // Bytes of released leaves that go after each position.
+  std::vector<size_t> leaf_gone(g.kernels.size() + 1, 0);
+  size_t base = g.start_bytes;
+  for (size_t v = 0; v < nv; ++v) {
+    const PlanValue& pv = g.values[v];
+    if (pv.producer >= 0 || !pv.releasable_leaf || pv.output) continue;
+    if (last[v] < 0)
+      base -= std::min(base, pv.bytes);
+    else
+      leaf_gone[static_cast<size_t>(last[v])] += pv.bytes;
+  }
+  size_t lb = base;
+  for (size_t p = 0; p < g.kernels.size(); ++p) {
+    const PlanKernel& k = g.kernels[p];
+    const PlanValue& out = g.values[static_cast<size_t>(k.output)];
+    size_t working = out.bytes;
+    for (int in : k.inputs) {
+      const PlanValue& pv = g.values[static_cast<size_t>(in)];
+      if (pv.producer >= 0 && !pv.output) working += pv.bytes;
+    }
+    if (k.in_place_input >= 0 &&
+        last[static_cast<size_t>(k.in_place_input)] == static_cast<int>(p)) {
+      // The output takes over a dying input's memory: counted above (a value) or in base
+      // (a leaf) already.
+      const PlanValue& d = g.values[static_cast<size_t>(k.in_place_input)];
+      if (!d.output && (d.producer >= 0 || d.releasable_leaf) && d.bytes == out.bytes)
+        working -= std::min(working, d.bytes);
+    }
+    if (base + working > lb) {
+      lb = base + working;
+      if (at_kernel) *at_kernel = static_cast<int>(p);
+    }
+    base -= std::min(base, leaf_gone[p]);
+    if (out.output) base += out.bytes;
+  }
+  return lb;
+}
+
+StepPlan plan_step(const StepGraph& graph, const PlannerOptions& options) {
+  return Engine(graph, options, nullptr).run();
+}
+
+StepPlan execute_step(const StepGraph& graph, const PlannerOptions& options, StepMachine& machine) {
+  return Engine(graph, options, &machine).run();
+}
+
+size_t smallest_feasible_budget(const StepGraph& graph, const PlannerOptions& options) {
+  PlannerOptions o = options;
+  o.budget = 0;
+  const size_t top = plan_step(graph, o).peak;
+  size_t lo = lower_bound(graph), hi = std::max(top, lo);
+  const size_t step = std::max<size_t>((hi - lo) / 64, 1);
+  // Invariant: hi is feasible (the unbudgeted peak always is).
+  while (hi - lo > step) {
+    size_t mid = lo + (hi - lo) / 2;
+    o.budget = mid;
+    if (plan_step(graph, o).feasible)
+      hi = mid;
+    else
+      lo = mid;
+  }
+  return hi;
+}
+
+}  // namespace kiln::memory

@@ -1,0 +1,129 @@
+#pragma once
+// The RecomputePlanner: fits one evaluation (a whole training step) into a memory budget by
+// choosing which values to release early and rebuild just before their next use. It works
+// on a table view of the fused schedule (kernels reading and writing values), so it knows
+// nothing of nodes or kernels' code and is tested on its own.
+//
+// The policy is a Belady-style greedy over the static schedule (../shared/RECOMPUTE.md §2a):
+// while running the next kernel would exceed the budget, evict the resident value with the
+// lowest cost to rebuild it (each distinct kernel of its missing ancestry counted once)
+// over its bytes times the distance to its next use, scoring only a sample (the furthest
+// next uses plus random ones). Missing inputs are rebuilt immediately before the kernel
+// that reads them, ancestors first, on an explicit stack.
+//
+// The same engine runs in two modes. Planning simulates the bytes in use; executing drives
+// a StepMachine that runs the kernels and reports the bytes the pool really has allocated,
+// so rounding, fragmentation of sizes and anything else the simulation missed is corrected
+// as it happens (the run-time fallback) with the same scores.
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace kiln::memory {
+
+/// One kernel of the step as the planner sees it.
+struct PlanKernel {
+  std::vector<int> inputs;   ///< Value ids read (distinct).
+  int output = -1;           ///< Value id written.
+  double cost = 0;           ///< Estimated run time in seconds.
+  bool recomputable = true;  ///< False for kernels that must not run twice (side effects).
+  /// A value this kernel may overwrite with its output when it reads it for the last time
+  /// (same bytes, read only at the output's own index), or -1.
+  int in_place_input = -1;
+  /// Nonzero for values made inside kiln::checkpoint: released as soon as their next
+  /// reader lies outside that checkpoint region, and rebuilt there.
+  uint32_t region = 0;
+  /// The output is a result of its checkpoint region: kept like a value made outside it.
+  bool region_result = false;
+};
+
+/// One value of the step: the output of a kernel, or a leaf resident when the step starts.
+struct PlanValue {
+  size_t bytes = 0;     ///< Bytes it occupies in the budgeted pool (0 if elsewhere).
+  int producer = -1;    ///< Kernel id, or -1 for a leaf.
+  bool output = false;  ///< Must be resident at the end; never released.
+  /// Leaf whose memory the step may take over after its last read (donation): nothing
+  /// outside the step can read it again. Other leaves stay resident throughout.
+  bool releasable_leaf = false;
+};
+
+/// The step: kernels in schedule order, and the values they read and write.
+struct StepGraph {
+  std::vector<PlanKernel> kernels;
+  std::vector<PlanValue> values;
+  /// Bytes allocated in the budgeted pool when the step starts (leaves included).
+  size_t start_bytes = 0;
+};
+
+/// What the planner does, in order.
+struct PlanAction {
+  enum class Kind : uint8_t {
+    Run,        ///< run kernel `id` for the first time
+    Recompute,  ///< run kernel `id` again, to rebuild its output
+    Free,       ///< value `id` is not read again: release it
+    Evict,      ///< value `id` is released to make room; it is rebuilt before its next use
+  };
+  Kind kind;
+  int id;
+  bool in_place = false;  ///< Run: the output takes over its in_place_input's memory.
+};
+
+/// Planner settings.
+struct PlannerOptions {
+  size_t budget = 0;            ///< Bytes; 0 means no budget (only liveness and reuse).
+  int sample_furthest = 16;     ///< Candidates scored: the furthest next uses ...
+  int sample_random = 16;       ///< ... plus this many random others.
+  uint64_t seed = 0x6b696c6e;   ///< For the random sample (plans are reproducible).
+  double max_extra_cost = 3.0;  ///< Abort when recomputation exceeds this × the step's cost.
+};
+
+/// The outcome of planning or executing a step.
+struct StepPlan {
+  bool feasible = true;  ///< False when the budget could not be held.
+  std::string failure;   ///< Why not, when infeasible.
+  std::vector<PlanAction> actions;
+  size_t peak = 0;           ///< Highest bytes in use (simulated, or measured in execution).
+  size_t lower_bound = 0;    ///< lower_bound(graph).
+  double base_cost = 0;      ///< Σ cost of the kernels, once each.
+  double extra_cost = 0;     ///< Σ cost of the recomputations.
+  size_t recomputes = 0;     ///< Recompute actions.
+  size_t evictions = 0;      ///< Evict actions.
+  size_t evicted_bytes = 0;  ///< Σ bytes of evicted values.
+};
+
+/// Where an executing plan's actions happen: the executor runs kernels and releases buffers
+/// and says how many bytes its pool has allocated.
+class StepMachine {
+ public:
+  virtual ~StepMachine() = default;
+  /// Bytes allocated in the budgeted pool now.
+  virtual size_t in_use() = 0;
+  /// Runs kernel `k`; `in_place` asks it to write into its in_place_input's buffer.
+  virtual void run(int k, bool recompute, bool in_place) = 0;
+  /// Bytes the pool will hand out for value `v` if it is allocated now.
+  virtual size_t bytes_for(int v) = 0;
+  /// Releases value `v` (a free after its last read, or an eviction).
+  virtual void release(int v, bool evict) = 0;
+};
+
+/// Bytes that every schedule of the step needs at some kernel: what is resident at the
+/// start and cannot be released by then, plus the outputs made so far, plus the kernel's
+/// own inputs and output. No budget below it can work. `at_kernel`, when given, receives
+/// the kernel where the bound is reached (-1 when it is the start).
+size_t lower_bound(const StepGraph& graph, int* at_kernel = nullptr);
+
+/// Simulates the step under `options.budget` and returns the actions and figures. An
+/// infeasible budget gives feasible = false, never a plan that overshoots.
+StepPlan plan_step(const StepGraph& graph, const PlannerOptions& options);
+
+/// Runs the step on `machine` with the same policy, deciding against the machine's real
+/// bytes in use. When nothing can be evicted the kernel runs anyway: the result has
+/// feasible = false and the overshoot is in `peak`.
+StepPlan execute_step(const StepGraph& graph, const PlannerOptions& options, StepMachine& machine);
+
+/// The smallest budget (in steps of 1/64 of the range above the lower bound) for which
+/// plan_step finds a plan, by bisection between the lower bound and the unbudgeted peak.
+size_t smallest_feasible_budget(const StepGraph& graph, const PlannerOptions& options);
+
+}  // namespace kiln::memory
