@@ -49,11 +49,12 @@ for c in "${compilers[@]}"; do
 done
 [[ -x $bench_dir/bench_gemm ]] && run "$bench_dir/bench_gemm" --json "$lines"
 [[ -x $bench_dir/bench_train ]] && run "$bench_dir/bench_train" --json "$lines"
+[[ -x $bench_dir/bench_plan ]] && run "$bench_dir/bench_plan" --json "$lines"
 [[ -x $bench_dir/bench_cuda ]] && run "$bench_dir/bench_cuda" --json "$lines"
 
 for exe in "$bench_dir"/bench_*; do
   case $(basename "$exe") in
-    bench_fused | bench_compile | bench_gemm | bench_train | bench_cuda) continue ;;
+    bench_fused | bench_compile | bench_gemm | bench_train | bench_plan | bench_cuda) continue ;;
   esac
   [[ -f $exe && -x $exe ]] && run "$exe"
 done

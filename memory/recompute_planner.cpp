@@ -49,13 +49,17 @@ class Engine {
 
   StepPlan run() {
     plan_.lower_bound = lower_bound(g_);
+    peak_ = usage();  // the step starts with all of it, even what it releases at once
+    if (o_.budget > 0 && peak_ > o_.budget && !machine_) {
+      fail("the step starts with " + std::to_string(peak_) + " bytes allocated");
+      return finish();
+    }
     const int nk = static_cast<int>(g_.kernels.size());
     // Leaves nothing reads can go at once.
     for (size_t v = 0; v < g_.values.size(); ++v)
       if (g_.values[v].producer < 0 && g_.values[v].releasable_leaf && uses_[v].empty() &&
           !g_.values[v].output)
         release(static_cast<int>(v), false);
-    peak_ = usage();
     for (p_ = 0; p_ < nk; ++p_) {
       const PlanKernel& k = g_.kernels[static_cast<size_t>(p_)];
       missing_.clear();
@@ -152,7 +156,9 @@ class Engine {
     if (next == kNever) return release(v, false);
     const PlanKernel& producer = g_.kernels[static_cast<size_t>(pv.producer)];
     const uint32_t region = producer.region;
-    if (region != 0 && !producer.region_result &&
+    // Released only when something runs before that reader: rebuilding it at once would
+    // gain nothing.
+    if (region != 0 && !producer.region_result && next > p_ + 1 &&
         g_.kernels[static_cast<size_t>(next)].region != region &&
         next <= horizon_[static_cast<size_t>(v)] && evictable(v))
       release(v, true);
@@ -191,14 +197,21 @@ class Engine {
     return z ^ (z >> 31);
   }
 
-  // The candidate to evict now, or -1.
+  // The candidate to evict now, or -1. Only a sample is scored; when none of it can be
+  // rebuilt in time, every candidate is.
   int pick() {
+    int v = pick_from(true);
+    return v >= 0 || !truncated_ ? v : pick_from(false);
+  }
+
+  int pick_from(bool sampled) {
     sample_.clear();
     for (int v : cand_)
       if (lock_[static_cast<size_t>(v)] == 0) sample_.push_back({next_use(v, p_), v});
     const size_t want =
         static_cast<size_t>(std::max(o_.sample_furthest, 1) + std::max(o_.sample_random, 0));
-    if (sample_.size() > want) {
+    truncated_ = sampled && sample_.size() > want;
+    if (truncated_) {
       const size_t far = static_cast<size_t>(std::max(o_.sample_furthest, 1));
       std::nth_element(sample_.begin(), sample_.begin() + static_cast<long>(far), sample_.end(),
                        [](const auto& a, const auto& b) { return a.first > b.first; });
@@ -342,6 +355,7 @@ class Engine {
   std::vector<int> lock_, pos_, cand_, horizon_, stack_, missing_, temps_;
   std::vector<uint32_t> kstamp_;
   uint32_t stamp_ = 0;
+  bool truncated_ = false;
   std::vector<std::pair<int, int>> sample_;
   size_t cur_ = 0, peak_ = 0;
   int p_ = 0;
@@ -367,7 +381,7 @@ size_t lower_bound(const StepGraph& g, int* at_kernel) {
     else
       leaf_gone[static_cast<size_t>(last[v])] += pv.bytes;
   }
-  size_t lb = base;
+  size_t lb = g.start_bytes;  // allocated before anything runs
   for (size_t p = 0; p < g.kernels.size(); ++p) {
     const PlanKernel& k = g.kernels[p];
     const PlanValue& out = g.values[static_cast<size_t>(k.output)];

@@ -107,9 +107,9 @@ class StepMachine {
   virtual void release(int v, bool evict) = 0;
 };
 
-/// Bytes that every schedule of the step needs at some kernel: what is resident at the
-/// start and cannot be released by then, plus the outputs made so far, plus the kernel's
-/// own inputs and output. No budget below it can work. `at_kernel`, when given, receives
+/// Bytes that every schedule of the step needs: what is allocated at the start, and at
+/// each kernel what cannot be released by then, plus the outputs made so far, plus the
+/// kernel's own inputs and output. No budget below it can work. `at_kernel`, when given, receives
 /// the kernel where the bound is reached (-1 when it is the start).
 size_t lower_bound(const StepGraph& graph, int* at_kernel = nullptr);
 

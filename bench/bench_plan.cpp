@@ -1,0 +1,274 @@
+// Memory planning benchmarks (docs/benchmarks.md, "Memory planning"): the pool's peak and
+// the step time of three training steps at memory budgets below their unplanned peak.
+//
+// Rows plan_<model>_<budget>: kiln_ms is the median step time under the budget, baseline
+// "unplanned" is the same model's median step time without one, and the extra fields carry
+// peak_bytes (the pool's measured peak of allocated bytes over the timed steps),
+// budget_bytes, the unplanned peak, the planned peak, the planner's time per step, the
+// rebuilds per step and the pool's reserved/allocated ratio at the peak.
+//
+// A budget fraction f means start + kept + f x (unplanned peak - start - kept): start is
+// what the pool holds when the step begins (parameters, optimizer state, data), kept is what
+// the step adds and keeps (gradients, the loss). That is the memory a planner can act on,
+// the "activation memory" of PyTorch's activation_memory_budget; `of_peak` gives the same
+// budget as a fraction of the whole unplanned peak. f = 1.0 plans with a budget equal to
+// the unplanned peak plus 1% (the planner's overhead when it has nothing to do).
+//
+// Row plan_transformer_varlen: unbudgeted steps whose sequence length changes between 64
+// and 512 from step to step; kiln_ms is the median step, `reserved_ratio` the pool's peak
+// reserved over peak allocated (target <= 1.10; <= 1.05 for fixed shapes).
+#include <algorithm>
+#include <cstdio>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "bench_common.h"
+#include "frontend/kiln.h"
+#include "frontend/nn/nn.h"
+#include "frontend/optim.h"
+#include "memory/memory.h"
+
+using namespace kiln;
+using namespace kiln::bench;
+
+namespace {
+
+memory::CachingPool& pool() { return memory::host_pool(); }
+
+class CharLSTM : public nn::Module {
+ public:
+  CharLSTM() : nn::Module("CharLSTM") {
+    embed = register_module("embed", std::make_shared<nn::Embedding>(128, 128));
+    lstm = register_module("lstm", std::make_shared<nn::LSTM>(128, 256, 1, true, true));
+    head = register_module("head", std::make_shared<nn::Linear>(256, 128));
+  }
+  Tensor forward(const Tensor& tokens) {
+    return head->forward(lstm->forward(embed->forward(tokens)).output);
+  }
+  std::shared_ptr<nn::Embedding> embed;
+  std::shared_ptr<nn::LSTM> lstm;
+  std::shared_ptr<nn::Linear> head;
+};
+
+class GPT : public nn::Module {
+ public:
+  explicit GPT(int layers) : nn::Module("GPT") {
+    embed = register_module("embed", std::make_shared<nn::Embedding>(128, 256));
+    pos = register_module("pos", std::make_shared<nn::Embedding>(512, 256));
+    auto list = register_module("blocks", std::make_shared<nn::Sequential>());
+    for (int i = 0; i < layers; ++i) {
+      blocks.push_back(std::make_shared<nn::TransformerEncoderLayer>(
+          256, 4, 1024, 0.1, nn::Activation::ReLU, 1e-5, true, true));
+      list->push_back(blocks.back());
+    }
+    head = register_module("head", std::make_shared<nn::Linear>(256, 128));
+  }
+  Tensor forward(const Tensor& tokens) {
+    Tensor h = embed->forward(tokens) + pos->forward(arange(tokens.size(1)));
+    for (auto& b : blocks) h = b->forward(h, Tensor(), Tensor(), true);
+    return head->forward(h);
+  }
+  std::shared_ptr<nn::Embedding> embed, pos;
+  std::vector<std::shared_ptr<nn::TransformerEncoderLayer>> blocks;
+  std::shared_ptr<nn::Linear> head;
+};
+
+// A model with its optimizer and a step on a fixed batch (or a batch of `seq` tokens).
+struct Model {
+  std::function<double(int seq)> step;
+};
+
+Model make(const std::string& name) {
+  manual_seed(42);
+  if (name == "mlp") {
+    auto seq = std::make_shared<nn::Sequential>();
+    for (int i = 0; i < 32; ++i) {
+      seq->push_back(std::make_shared<nn::Linear>(1024, 1024));
+      seq->push_back(std::make_shared<nn::ReLU>());
+    }
+    seq->push_back(std::make_shared<nn::Linear>(1024, 10));
+    auto opt = std::make_shared<optim::SGD>(seq->parameters(),
+                                            optim::SGDOptions{.lr = 0.01, .momentum = 0.9});
+    Tensor x = randn({256, 1024}).eval(), y = randint(0, 10, {256}).eval();
+    return {[=](int) {
+      opt->zero_grad();
+      Tensor loss = nn::cross_entropy(seq->forward(x), y);
+      loss.backward();
+      opt->step();
+      return loss.item<double>();
+    }};
+  }
+  if (name == "lstm") {
+    auto m = std::make_shared<CharLSTM>();
+    auto opt = std::make_shared<optim::Adam>(m->parameters(), optim::AdamOptions{.lr = 1e-3});
+    Tensor x = randint(0, 128, {32, 256}).eval(), y = randint(0, 128, {32 * 256}).eval();
+    return {[=](int) {
+      opt->zero_grad();
+      Tensor loss = nn::cross_entropy(reshape(m->forward(x), {32 * 256, 128}), y);
+      loss.backward();
+      opt->step();
+      return loss.item<double>();
+    }};
+  }
+  auto m = std::make_shared<GPT>(6);
+  auto opt = std::make_shared<optim::AdamW>(m->parameters(),
+                                            optim::AdamWOptions{.lr = 3e-4, .weight_decay = 0.01});
+  return {[=](int seq) {
+    Tensor x = randint(0, 128, {16, seq}), y = randint(0, 128, {16 * seq});
+    opt->zero_grad();
+    Tensor loss = nn::cross_entropy(reshape(m->forward(x), {16 * seq, 128}), y);
+    loss.backward();
+    opt->step();
+    return loss.item<double>();
+  }};
+}
+
+struct Measured {
+  double ms = 0;
+  size_t start = 0, peak = 0, kept = 0;
+  double planner_ms = 0, rebuilds = 0, reserve_ratio = 0, extra_pct = 0;
+  size_t planned_peak = 0;
+  bool within = true;
+};
+
+// `reps` timed steps after one warm-up; peaks over the timed steps.
+Measured measure(const Model& model, int reps, int seq) {
+  model.step(seq);
+  pool().empty_cache();
+  Measured m;
+  m.start = pool().allocated();
+  pool().reset_peak_stats();
+  std::vector<double> times;
+  double planner = 0, rebuilds = 0, extra = 0;
+  for (int i = 0; i < reps; ++i) {
+    auto t0 = Clock::now();
+    model.step(seq);
+    times.push_back(ms_since(t0));
+    memory::PlanSummary s = memory::last_plan();
+    planner += s.planner_ms;
+    rebuilds += static_cast<double>(s.recomputes);
+    extra += s.base_cost > 0 ? 100.0 * s.extra_cost / s.base_cost : 0;
+    m.kept = s.output_bytes;
+    m.planned_peak = std::max(m.planned_peak, s.planned_peak);
+    m.within = m.within && s.within_budget;
+  }
+  memory::PoolStats st = pool().stats();
+  m.ms = median(times);
+  m.peak = st.peak_allocated;
+  m.reserve_ratio = st.reserve_ratio();
+  m.planner_ms = planner / reps;
+  m.rebuilds = rebuilds / reps;
+  m.extra_pct = extra / reps;
+  return m;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Results results(argc, argv);
+  const int reps = env_int("KILN_BENCH_PLAN_REPS", 3);
+  struct Spec {
+    const char* name;
+    int seq;
+  };
+  for (Spec spec : {Spec{"mlp", 0}, Spec{"lstm", 0}, Spec{"transformer", 256}}) {
+    memory::clear_budget();
+    Model model = make(spec.name);
+    const Measured base = measure(model, reps, spec.seq);
+    const size_t floor = base.start + base.kept;
+    const size_t releasable = base.peak > floor ? base.peak - floor : 0;
+    std::printf("%s: unplanned %.1f ms, peak %s (start %s, kept %s), reserved/allocated %.3f\n",
+                spec.name, base.ms, memory::format_bytes(base.peak).c_str(),
+                memory::format_bytes(base.start).c_str(), memory::format_bytes(base.kept).c_str(),
+                base.reserve_ratio);
+    {
+      Result r;
+      r.workload = std::string("plan_") + spec.name + "_unplanned";
+      r.kiln_ms = base.ms;
+      r.baseline = "none";
+      r.note = "reserved/alloc " + std::to_string(base.reserve_ratio).substr(0, 5);
+      r.extra = {{"peak_bytes", static_cast<double>(base.peak)},
+                 {"budget_bytes", 0},
+                 {"reserved_ratio", base.reserve_ratio},
+                 {"planner_ms", base.planner_ms}};
+      results.add(r);
+    }
+    for (double f : {1.0, 0.5, 0.33, 0.2}) {
+      // At 1.0 the budget is the measured unplanned peak plus 1%: the plan's block sizes
+      // and the pool's may differ by a block's rounding, and this row is about overhead.
+      const size_t budget = f >= 1.0
+                                ? base.peak + base.peak / 100
+                                : floor + static_cast<size_t>(f * static_cast<double>(releasable));
+      memory::set_budget(budget);
+      Result r;
+      char label[16];
+      std::snprintf(label, sizeof label, "%g", f);
+      r.workload = std::string("plan_") + spec.name + "_" + label;
+      r.baseline = "unplanned";
+      r.baseline_ms = base.ms;
+      r.target = f >= 1.0 ? 1.05 : f >= 0.5 ? 1.05 : f >= 0.33 ? 1.10 : 1.25;
+      r.target_kind = "ratio<=";
+      try {
+        Measured m = measure(model, reps, spec.seq);
+        r.kiln_ms = m.ms;
+        char note[160];
+        std::snprintf(note, sizeof note, "peak %s / budget %s (%.2f of peak)%s, +%.1f%% work",
+                      memory::format_bytes(m.peak).c_str(), memory::format_bytes(budget).c_str(),
+                      static_cast<double>(budget) / static_cast<double>(base.peak),
+                      m.peak <= budget ? "" : " OVER", m.extra_pct);
+        r.note = note;
+        r.extra = {{"peak_bytes", static_cast<double>(m.peak)},
+                   {"budget_bytes", static_cast<double>(budget)},
+                   {"unplanned_peak_bytes", static_cast<double>(base.peak)},
+                   {"of_peak", static_cast<double>(budget) / static_cast<double>(base.peak)},
+                   {"planned_peak_bytes", static_cast<double>(m.planned_peak)},
+                   {"planner_ms", m.planner_ms},
+                   {"rebuilds", m.rebuilds},
+                   {"extra_work_pct", m.extra_pct},
+                   {"reserved_ratio", m.reserve_ratio}};
+      } catch (const OutOfMemoryError& e) {
+        r.kiln_ms = -1;
+        std::string what = e.what();
+        size_t at = what.find("smallest budget");
+        r.note = "infeasible: " + what.substr(at == std::string::npos ? 0 : at, 60);
+        r.extra = {{"budget_bytes", static_cast<double>(budget)},
+                   {"unplanned_peak_bytes", static_cast<double>(base.peak)}};
+        // The refused step is still pending (nothing ran): run it unbudgeted so that the
+        // next row starts from the same state.
+        memory::clear_budget();
+        model.step(spec.seq);
+      }
+      results.add(r);
+    }
+    memory::clear_budget();
+  }
+  {
+    // Sequence lengths change every step: does the pool's layout keep up?
+    Model model = make("transformer");
+    model.step(64);
+    pool().empty_cache();
+    pool().reset_peak_stats();
+    std::vector<double> times;
+    const int lens[] = {64, 512, 128, 384, 256, 448, 96, 320, 512, 64};
+    for (int len : lens) {
+      auto t0 = Clock::now();
+      model.step(len);
+      times.push_back(ms_since(t0));
+    }
+    memory::PoolStats st = pool().stats();
+    Result r;
+    r.workload = "plan_transformer_varlen";
+    r.kiln_ms = median(times);
+    r.baseline = "none";
+    r.note = "seq 64..512; reserved/alloc " + std::to_string(st.reserve_ratio()).substr(0, 5) +
+             " (target <= 1.10)";
+    r.extra = {{"peak_bytes", static_cast<double>(st.peak_allocated)},
+               {"budget_bytes", 0},
+               {"reserved_ratio", st.reserve_ratio()}};
+    results.add(r);
+  }
+  results.print("memory planning (median step; baseline: the same model unplanned)");
+  results.write_json();
+  return 0;
+}
