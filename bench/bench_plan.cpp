@@ -17,6 +17,9 @@
 // Row plan_transformer_varlen: unbudgeted steps whose sequence length changes between 64
 // and 512 from step to step; kiln_ms is the median step, `reserved_ratio` the pool's peak
 // reserved over peak allocated (target <= 1.10; <= 1.05 for fixed shapes).
+//
+// `--only mlp|lstm|transformer|varlen` runs one model; KILN_BENCH_PLAN_REPS sets the timed
+// steps per row (default 3).
 #include <algorithm>
 #include <cstdio>
 #include <functional>
@@ -168,11 +171,15 @@ Measured measure(const Model& model, int reps, int seq) {
 int main(int argc, char** argv) {
   Results results(argc, argv);
   const int reps = env_int("KILN_BENCH_PLAN_REPS", 3);
+  std::string only;  // --only mlp|lstm|transformer|varlen
+  for (int i = 1; i + 1 < argc; ++i)
+    if (std::string(argv[i]) == "--only") only = argv[i + 1];
   struct Spec {
     const char* name;
     int seq;
   };
   for (Spec spec : {Spec{"mlp", 0}, Spec{"lstm", 0}, Spec{"transformer", 256}}) {
+    if (!only.empty() && only != spec.name) continue;
     memory::clear_budget();
     Model model = make(spec.name);
     const Measured base = measure(model, reps, spec.seq);
@@ -243,7 +250,7 @@ int main(int argc, char** argv) {
     }
     memory::clear_budget();
   }
-  {
+  if (only.empty() || only == "varlen") {
     // Sequence lengths change every step: does the pool's layout keep up?
     Model model = make("transformer");
     model.step(64);

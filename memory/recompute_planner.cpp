@@ -72,7 +72,14 @@ class Engine {
       // rebuild() locks its target, also when an earlier rebuild already brought it back.
       for (int in : missing_) {
         if (!rebuild(in)) return finish();
-        // Ancestors rebuilt only for this input go again now that it is back.
+        // Ancestors rebuilt only for this input go again now that it is back. Under a
+        // budget they stay while there is room: the next rebuild (the backward pass walking
+        // a recurrence) usually needs them again, and with nothing ahead reading them they
+        // are the first values evicted when room is needed.
+        if (o_.budget > 0) {
+          temps_.clear();
+          continue;
+        }
         for (int v : temps_) {
           const PlanValue& pv = g_.values[static_cast<size_t>(v)];
           if (resident_[static_cast<size_t>(v)] && lock_[static_cast<size_t>(v)] == 0 &&
@@ -165,8 +172,9 @@ class Engine {
   }
 
   // Σ cost of the distinct kernels that rebuilding v now would run (v's producer and every
-  // missing ancestor), or infinity when a missing ancestor cannot be rebuilt.
-  double rebuild_cost(int v) {
+  // missing ancestor), or infinity when a missing ancestor cannot be rebuilt. The walk stops
+  // once the sum passes `limit` (the candidate can no longer win) and returns that sum.
+  double rebuild_cost(int v, double limit = kUnrebuildable) {
     if (++stamp_ == 0) std::fill(kstamp_.begin(), kstamp_.end(), 0), stamp_ = 1;
     double total = 0;
     stack_.clear();
@@ -179,6 +187,7 @@ class Engine {
       const PlanKernel& kernel = g_.kernels[static_cast<size_t>(k)];
       if (!kernel.recomputable) return kUnrebuildable;
       total += kernel.cost;
+      if (total > limit) return total;
       for (int in : kernel.inputs) {
         if (resident_[static_cast<size_t>(in)]) continue;
         int producer = g_.values[static_cast<size_t>(in)].producer;
@@ -231,9 +240,10 @@ class Engine {
         score = -1;  // read by nothing ahead: releasing it costs nothing
       } else {
         if (next > horizon_[static_cast<size_t>(v)]) continue;
-        double cost = rebuild_cost(v);
+        const double span = static_cast<double>(bytes) * static_cast<double>(next - p_ + 1);
+        double cost = rebuild_cost(v, best < 0 ? kUnrebuildable : best_score * span);
         if (cost == kUnrebuildable) continue;
-        score = cost / (static_cast<double>(bytes) * static_cast<double>(next - p_ + 1));
+        score = cost / span;
       }
       // Ties go to the bigger value, then the lower id, so plans are reproducible.
       if (score < best_score ||
@@ -342,6 +352,15 @@ class Engine {
   }
 
   StepPlan finish() {
+    if (plan_.feasible || machine_) {
+      // Rebuilt values kept for reuse that nothing read again.
+      for (size_t v = 0; v < g_.values.size(); ++v) {
+        const PlanValue& pv = g_.values[v];
+        if (resident_[v] && pv.producer >= 0 && !pv.output && lock_[v] == 0 &&
+            next_use(static_cast<int>(v), p_) == kNever)
+          release(static_cast<int>(v), false);
+      }
+    }
     plan_.peak = peak_;
     return std::move(plan_);
   }
