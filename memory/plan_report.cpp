@@ -48,8 +48,8 @@ std::string plan_report() {
   line("kernels", std::to_string(s.kernels) + " (" + std::to_string(s.in_place) + " in place, " +
                       std::to_string(s.donated) + " updates donated)");
   line("replaced values freed", std::to_string(s.released_leaves));
-  line("values kept", std::to_string(s.kept_values) + " of " + std::to_string(s.values) + ", " +
-                          format_bytes(s.kept_bytes));
+  line("never released early", std::to_string(s.kept_values) + " of " + std::to_string(s.values) +
+                                   ", " + format_bytes(s.kept_bytes));
   line("released and rebuilt", std::to_string(s.evictions) + " releases, " +
                                    std::to_string(s.recomputes) + " rebuilds, " +
                                    format_bytes(s.evicted_bytes) + " released");
