@@ -27,6 +27,7 @@
 #include <string>
 
 #include "bench_common.h"
+#include "bench_models.h"
 #include "frontend/kiln.h"
 #include "frontend/nn/nn.h"
 #include "frontend/optim.h"
@@ -38,44 +39,6 @@ using namespace kiln::bench;
 namespace {
 
 memory::CachingPool& pool() { return memory::host_pool(); }
-
-class CharLSTM : public nn::Module {
- public:
-  CharLSTM() : nn::Module("CharLSTM") {
-    embed = register_module("embed", std::make_shared<nn::Embedding>(128, 128));
-    lstm = register_module("lstm", std::make_shared<nn::LSTM>(128, 256, 1, true, true));
-    head = register_module("head", std::make_shared<nn::Linear>(256, 128));
-  }
-  Tensor forward(const Tensor& tokens) {
-    return head->forward(lstm->forward(embed->forward(tokens)).output);
-  }
-  std::shared_ptr<nn::Embedding> embed;
-  std::shared_ptr<nn::LSTM> lstm;
-  std::shared_ptr<nn::Linear> head;
-};
-
-class GPT : public nn::Module {
- public:
-  explicit GPT(int layers) : nn::Module("GPT") {
-    embed = register_module("embed", std::make_shared<nn::Embedding>(128, 256));
-    pos = register_module("pos", std::make_shared<nn::Embedding>(512, 256));
-    auto list = register_module("blocks", std::make_shared<nn::Sequential>());
-    for (int i = 0; i < layers; ++i) {
-      blocks.push_back(std::make_shared<nn::TransformerEncoderLayer>(
-          256, 4, 1024, 0.1, nn::Activation::ReLU, 1e-5, true, true));
-      list->push_back(blocks.back());
-    }
-    head = register_module("head", std::make_shared<nn::Linear>(256, 128));
-  }
-  Tensor forward(const Tensor& tokens) {
-    Tensor h = embed->forward(tokens) + pos->forward(arange(tokens.size(1)));
-    for (auto& b : blocks) h = b->forward(h, Tensor(), Tensor(), true);
-    return head->forward(h);
-  }
-  std::shared_ptr<nn::Embedding> embed, pos;
-  std::vector<std::shared_ptr<nn::TransformerEncoderLayer>> blocks;
-  std::shared_ptr<nn::Linear> head;
-};
 
 // A model with its optimizer and a step on a fixed batch (or a batch of `seq` tokens).
 struct Model {
@@ -114,7 +77,7 @@ Model make(const std::string& name) {
       return loss.item<double>();
     }};
   }
-  auto m = std::make_shared<GPT>(6);
+  auto m = std::make_shared<GPT>(6, 512);
   auto opt = std::make_shared<optim::AdamW>(m->parameters(),
                                             optim::AdamWOptions{.lr = 3e-4, .weight_decay = 0.01});
   return {[=](int seq) {

@@ -14,6 +14,7 @@
 #include <string>
 
 #include "bench_common.h"
+#include "bench_models.h"
 #include "frontend/kiln.h"
 #include "frontend/nn/nn.h"
 #include "frontend/optim.h"
@@ -28,44 +29,6 @@ struct Workload {
   std::string name;
   int warmup;
   std::function<std::function<double()>()> make;  // builds model + optimizer, returns a step
-};
-
-class CharLSTM : public nn::Module {
- public:
-  CharLSTM() : nn::Module("CharLSTM") {
-    embed = register_module("embed", std::make_shared<nn::Embedding>(128, 128));
-    lstm = register_module("lstm", std::make_shared<nn::LSTM>(128, 256, 1, true, true));
-    head = register_module("head", std::make_shared<nn::Linear>(256, 128));
-  }
-  Tensor forward(const Tensor& tokens) {
-    return head->forward(lstm->forward(embed->forward(tokens)).output);
-  }
-  std::shared_ptr<nn::Embedding> embed;
-  std::shared_ptr<nn::LSTM> lstm;
-  std::shared_ptr<nn::Linear> head;
-};
-
-class TinyGPT : public nn::Module {
- public:
-  TinyGPT() : nn::Module("TinyGPT") {
-    embed = register_module("embed", std::make_shared<nn::Embedding>(128, 256));
-    pos = register_module("pos", std::make_shared<nn::Embedding>(128, 256));
-    auto list = register_module("blocks", std::make_shared<nn::Sequential>());
-    for (int i = 0; i < 2; ++i) {
-      blocks.push_back(std::make_shared<nn::TransformerEncoderLayer>(
-          256, 4, 1024, 0.1, nn::Activation::ReLU, 1e-5, true, true));
-      list->push_back(blocks.back());
-    }
-    head = register_module("head", std::make_shared<nn::Linear>(256, 128));
-  }
-  Tensor forward(const Tensor& tokens) {
-    Tensor h = embed->forward(tokens) + pos->forward(arange(tokens.size(1)));
-    for (auto& b : blocks) h = b->forward(h, Tensor(), Tensor(), true);
-    return head->forward(h);
-  }
-  std::shared_ptr<nn::Embedding> embed, pos;
-  std::vector<std::shared_ptr<nn::TransformerEncoderLayer>> blocks;
-  std::shared_ptr<nn::Linear> head;
 };
 
 std::vector<Workload> workloads() {
@@ -103,7 +66,7 @@ std::vector<Workload> workloads() {
                  });
                }});
   w.push_back({"train_transformer_2x256_h4_s128_b16", 2, [] {
-                 auto model = std::make_shared<TinyGPT>();
+                 auto model = std::make_shared<GPT>(2, 128);
                  auto opt = std::make_shared<optim::AdamW>(
                      model->parameters(), optim::AdamWOptions{.lr = 3e-4, .weight_decay = 0.01});
                  Tensor x = randint(0, 128, {16, 128}).eval();
@@ -167,14 +130,16 @@ void print_profile(const std::map<std::string, std::pair<double, uint64_t>>& bef
     rows.push_back({ms, std::to_string(n) + " x  " + ops.substr(0, 100)});
   }
   std::sort(rows.rbegin(), rows.rend());
-  std::printf("  generated kernels: %.1f ms in %llu launches\n", total, static_cast<unsigned long long>(launches));
+  std::printf("  generated kernels: %.1f ms in %llu launches\n", total,
+              static_cast<unsigned long long>(launches));
   for (size_t i = 0; i < rows.size() && i < 12; ++i)
     std::printf("  %9.1f ms  %s\n", rows[i].first, rows[i].second.c_str());
 }
 
 std::map<std::string, std::pair<double, uint64_t>> run_times() {
   std::map<std::string, std::pair<double, uint64_t>> out;
-  for (const jit::KernelRecord& r : jit::kernel_records()) out[r.key] = {r.run_ms_total, r.launches};
+  for (const jit::KernelRecord& r : jit::kernel_records())
+    out[r.key] = {r.run_ms_total, r.launches};
   return out;
 }
 
