@@ -356,8 +356,10 @@ void run_with_memory_plan(const FusionPlan& fused, const std::unordered_set<Node
   s.recomputes = done.recomputes;
   s.evictions = done.evictions;
   s.evicted_bytes = done.evicted_bytes;
-  s.fallback_evictions =
-      done.evictions > simulated.evictions ? done.evictions - simulated.evictions : 0;
+  // Without a budget every eviction is a checkpoint's, none the fallback's.
+  s.fallback_evictions = options.budget > 0 && done.evictions > simulated.evictions
+                             ? done.evictions - simulated.evictions
+                             : 0;
   s.base_cost = done.base_cost;
   s.extra_cost = done.extra_cost;
   s.planner_ms = planner_ms;
