@@ -61,13 +61,15 @@ struct StepTables {
   Device device = Device::cpu();
 };
 
-StepTables build_tables(const FusionPlan& plan, const std::unordered_set<Node*>& outputs,
+// The groups in the order they run (see updates_last).
+using Schedule = std::vector<const FusionGroup*>;
+
+StepTables build_tables(const Schedule& groups, const std::unordered_set<Node*>& outputs,
                         const std::vector<Node*>& original, const std::vector<Node*>& simplified) {
   StepTables t;
-  const auto& groups = plan.groups;
-  for (const FusionGroup& g : groups)
-    if (g.root->device.is_cuda()) {
-      t.device = g.root->device;
+  for (const FusionGroup* g : groups)
+    if (g->root->device.is_cuda()) {
+      t.device = g->root->device;
       break;
     }
   std::unordered_map<Node*, int> id;
@@ -83,21 +85,21 @@ StepTables build_tables(const FusionPlan& plan, const std::unordered_set<Node*>&
     }
     return it->second;
   };
-  for (const FusionGroup& g : groups) value_of(g.root, -1);  // ids first, producers below
+  for (const FusionGroup* g : groups) value_of(g->root, -1);  // ids first, producers below
   for (size_t k = 0; k < groups.size(); ++k)
-    t.graph.values[static_cast<size_t>(id.at(groups[k].root))].producer = static_cast<int>(k);
+    t.graph.values[static_cast<size_t>(id.at(groups[k]->root))].producer = static_cast<int>(k);
   std::vector<int> last_read;
   for (size_t k = 0; k < groups.size(); ++k) {
     PlanKernel pk;
-    for (Node* in : groups[k].inputs) {
+    for (Node* in : groups[k]->inputs) {
       int v = value_of(in, -1);
       if (std::find(pk.inputs.begin(), pk.inputs.end(), v) == pk.inputs.end())
         pk.inputs.push_back(v);
     }
-    pk.output = id.at(groups[k].root);
-    pk.cost = kernel_cost(groups[k]);
-    pk.region = groups[k].root->checkpoint_region & ~kCheckpointResultBit;
-    pk.region_result = (groups[k].root->checkpoint_region & kCheckpointResultBit) != 0;
+    pk.output = id.at(groups[k]->root);
+    pk.cost = kernel_cost(*groups[k]);
+    pk.region = groups[k]->root->checkpoint_region & ~kCheckpointResultBit;
+    pk.region_result = (groups[k]->root->checkpoint_region & kCheckpointResultBit) != 0;
     t.graph.kernels.push_back(std::move(pk));
   }
   last_read.assign(t.nodes.size(), -1);
@@ -127,7 +129,7 @@ StepTables build_tables(const FusionPlan& plan, const std::unordered_set<Node*>&
   }
 
   for (size_t k = 0; k < groups.size(); ++k) {
-    const FusionGroup& g = groups[k];
+    const FusionGroup& g = *groups[k];
     if (g.library || g.root->op == OpCode::Transfer) continue;
     for (int v : t.graph.kernels[k].inputs) {
       const PlanValue& pv = t.graph.values[static_cast<size_t>(v)];
@@ -147,8 +149,8 @@ StepTables build_tables(const FusionPlan& plan, const std::unordered_set<Node*>&
 // Runs the planner's actions on the real nodes and records what happened.
 class JitMachine final : public memory::StepMachine {
  public:
-  JitMachine(const FusionPlan& plan, const StepTables& t, const GroupRunner& run, bool record)
-      : plan_(plan),
+  JitMachine(const Schedule& groups, const StepTables& t, const GroupRunner& run, bool record)
+      : groups_(groups),
         t_(t),
         run_(run),
         pool_(pool_of(t.device)),
@@ -164,7 +166,7 @@ class JitMachine final : public memory::StepMachine {
   }
 
   void run(int k, bool recompute, bool in_place) override {
-    const FusionGroup& g = plan_.groups[static_cast<size_t>(k)];
+    const FusionGroup& g = *groups_[static_cast<size_t>(k)];
     const PlanKernel& pk = t_.graph.kernels[static_cast<size_t>(k)];
     Node* donor = in_place ? t_.nodes[static_cast<size_t>(pk.in_place_input)] : nullptr;
     bool reused = false;
@@ -216,7 +218,7 @@ class JitMachine final : public memory::StepMachine {
     return std::chrono::duration<double, std::micro>(Clock::now() - begin_).count();
   }
 
-  const FusionPlan& plan_;
+  const Schedule& groups_;
   const StepTables& t_;
   const GroupRunner& run_;
   memory::CachingPool& pool_;
@@ -228,7 +230,7 @@ class JitMachine final : public memory::StepMachine {
   std::vector<int> in_place_kernels_;
 };
 
-[[noreturn]] void raise_over_budget(const StepTables& t, const std::vector<FusionGroup>& groups,
+[[noreturn]] void raise_over_budget(const StepTables& t, const Schedule& groups,
                                     const memory::PlannerOptions& options,
                                     const memory::StepPlan& plan) {
   memory::PlannerOptions none = options;
@@ -244,7 +246,7 @@ class JitMachine final : public memory::StepMachine {
     size_t in = 0;
     for (int v : k.inputs) in += t.graph.values[static_cast<size_t>(v)].bytes;
     where = "; the bound is reached at kernel " + std::to_string(at) + " (" +
-            kernel_name(groups[static_cast<size_t>(at)]) + ", " + std::to_string(k.inputs.size()) +
+            kernel_name(*groups[static_cast<size_t>(at)]) + ", " + std::to_string(k.inputs.size()) +
             " inputs of " + memory::format_bytes(in) + ", output " +
             value_shape(t.nodes[static_cast<size_t>(k.output)]) + ")";
   }
@@ -269,7 +271,7 @@ class JitMachine final : public memory::StepMachine {
 // updates are such kernels; run early, they would release the replaced parameter while the
 // backward pass still has values computed from it, which could then no longer be rebuilt.
 // Moving them frees nothing later, since everything they read is kept.
-FusionPlan updates_last(const FusionPlan& plan, const std::unordered_set<Node*>& outputs) {
+Schedule updates_last(const FusionPlan& plan, const std::unordered_set<Node*>& outputs) {
   std::unordered_set<const Node*> read, roots;
   for (const FusionGroup& g : plan.groups) {
     roots.insert(g.root);
@@ -279,18 +281,14 @@ FusionPlan updates_last(const FusionPlan& plan, const std::unordered_set<Node*>&
     return !roots.count(n) || outputs.count(const_cast<Node*>(n)) ||
            n->handles.load(std::memory_order_relaxed) > 0;
   };
-  FusionPlan out;
-  std::vector<const FusionGroup*> last;
+  Schedule order, last;
   for (const FusionGroup& g : plan.groups) {
     bool sink =
         !read.count(g.root) && kept(g.root) && std::all_of(g.inputs.begin(), g.inputs.end(), kept);
-    if (sink)
-      last.push_back(&g);
-    else
-      out.groups.push_back(g);
+    (sink ? last : order).push_back(&g);
   }
-  for (const FusionGroup* g : last) out.groups.push_back(*g);
-  return out;
+  order.insert(order.end(), last.begin(), last.end());
+  return order;
 }
 
 }  // namespace
@@ -318,12 +316,12 @@ bool reads_at_output_index(const FusionGroup& group, const Node* input) {
   return true;
 }
 
-void run_with_memory_plan(const FusionPlan& fused, const std::unordered_set<Node*>& outputs,
+void run_with_memory_plan(const FusionPlan& plan, const std::unordered_set<Node*>& outputs,
                           const std::vector<Node*>& original, const std::vector<Node*>& simplified,
                           const GroupRunner& run) {
   const auto planning_started = Clock::now();
-  const FusionPlan plan = updates_last(fused, outputs);
-  StepTables t = build_tables(plan, outputs, original, simplified);
+  const Schedule groups = updates_last(plan, outputs);
+  StepTables t = build_tables(groups, outputs, original, simplified);
   memory::PlannerOptions options;
   options.budget = memory::budget(t.device);
   memory::StepPlan simulated;
@@ -332,13 +330,13 @@ void run_with_memory_plan(const FusionPlan& fused, const std::unordered_set<Node
     planned.budget = static_cast<size_t>(static_cast<double>(options.budget) *
                                          (1.0 + std::max(memory::plan_margin(), 0.0)));
     simulated = memory::plan_step(t.graph, planned);
-    if (!simulated.feasible) raise_over_budget(t, plan.groups, options, simulated);
+    if (!simulated.feasible) raise_over_budget(t, groups, options, simulated);
   }
   const double planner_ms =
       std::chrono::duration<double, std::milli>(Clock::now() - planning_started).count();
 
   const bool record = memory::step_recording();
-  JitMachine machine(plan, t, run, record);
+  JitMachine machine(groups, t, run, record);
   memory::StepPlan done = memory::execute_step(t.graph, options, machine);
 
   memory::PlanSummary s;
@@ -376,7 +374,7 @@ void run_with_memory_plan(const FusionPlan& fused, const std::unordered_set<Node
       s.kept_bytes += pv.bytes;
       continue;
     }
-    s.recomputed.push_back({kernel_name(plan.groups[static_cast<size_t>(pv.producer)]),
+    s.recomputed.push_back({kernel_name(*groups[static_cast<size_t>(pv.producer)]),
                             value_shape(t.nodes[v]), pv.bytes, machine.evictions_[v],
                             machine.rebuilds_[v]});
   }
@@ -397,7 +395,7 @@ void run_with_memory_plan(const FusionPlan& fused, const std::unordered_set<Node
   r.planner_ms = planner_ms;
   r.step_ms = machine.us() / 1000.0;
   if (record) {
-    for (const FusionGroup& g : plan.groups) r.kernels.push_back(kernel_name(g));
+    for (const FusionGroup* g : groups) r.kernels.push_back(kernel_name(*g));
     for (size_t v = 0; v < t.nodes.size(); ++v) {
       const PlanValue& pv = t.graph.values[v];
       r.values.push_back({pv.producer >= 0 ? r.kernels[static_cast<size_t>(pv.producer)] : "leaf",
