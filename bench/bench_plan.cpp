@@ -200,6 +200,7 @@ int main(int argc, char** argv) {
       } catch (const OutOfMemoryError& e) {
         r.kiln_ms = -1;
         std::string what = e.what();
+        if (std::getenv("KILN_BENCH_VERBOSE")) std::fprintf(stderr, "%s\n", what.c_str());
         size_t at = what.find("smallest budget");
         r.note = "infeasible: " + what.substr(at == std::string::npos ? 0 : at, 60);
         r.extra = {{"budget_bytes", static_cast<double>(budget)},

@@ -2,6 +2,9 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
+#include <limits>
+#include <mutex>
 #include <unordered_map>
 
 #include "../core/error.h"
@@ -12,6 +15,8 @@
 #include "../memory/memory.h"
 #include "../memory/plan_report.h"
 #include "../memory/recompute_planner.h"
+#include "../memory/schedule_order.h"
+#include "../memory/step_graph_file.h"
 #include "../memory/step_record.h"
 
 namespace kiln::jit {
@@ -156,7 +161,8 @@ class JitMachine final : public memory::StepMachine {
         pool_(pool_of(t.device)),
         record_(record),
         evictions_(t.nodes.size(), 0),
-        rebuilds_(t.nodes.size(), 0) {}
+        rebuilds_(t.nodes.size(), 0),
+        seconds_(t.graph.kernels.size(), -1.0) {}
 
   size_t in_use() override { return pool_.allocated(); }
 
@@ -191,7 +197,10 @@ class JitMachine final : public memory::StepMachine {
         ++released_leaves_;
       }
     }
-    if (recompute) ++rebuilds_[static_cast<size_t>(pk.output)];
+    if (recompute)
+      ++rebuilds_[static_cast<size_t>(pk.output)];
+    else
+      seconds_[static_cast<size_t>(k)] = (us() - start) * 1e-6;
     if (record_)
       events_.push_back({recompute ? StepEvent::Kind::Recompute : StepEvent::Kind::Run, k,
                          pk.output, t_.graph.values[static_cast<size_t>(pk.output)].bytes,
@@ -226,17 +235,24 @@ class JitMachine final : public memory::StepMachine {
   Clock::time_point begin_ = Clock::now();
   std::vector<StepEvent> events_;
   std::vector<int> evictions_, rebuilds_;
+  std::vector<double> seconds_;  // per kernel, its first run (compile time included)
   size_t in_place_ = 0, donated_ = 0, released_leaves_ = 0;
   std::vector<int> in_place_kernels_;
 };
 
 [[noreturn]] void raise_over_budget(const StepTables& t, const Schedule& groups,
                                     const memory::PlannerOptions& options,
-                                    const memory::StepPlan& plan) {
+                                    const memory::StepPlan& plan, size_t tail) {
   memory::PlannerOptions none = options;
   none.budget = 0;
   const size_t unplanned = memory::plan_step(t.graph, none).peak;
-  const size_t smallest = memory::smallest_feasible_budget(t.graph, options);
+  // Any kernel order may be the one that fits.
+  size_t smallest = std::numeric_limits<size_t>::max();
+  for (memory::ScheduleOrder order : memory::all_orders())
+    smallest = std::min(
+        smallest,
+        memory::smallest_feasible_budget(
+            memory::reorder(t.graph, memory::schedule_order(t.graph, order, tail)), options));
   const std::string pool = pool_of(t.device).name();
   int at = -1;
   memory::lower_bound(t.graph, &at);
@@ -271,7 +287,8 @@ class JitMachine final : public memory::StepMachine {
 // updates are such kernels; run early, they would release the replaced parameter while the
 // backward pass still has values computed from it, which could then no longer be rebuilt.
 // Moving them frees nothing later, since everything they read is kept.
-Schedule updates_last(const FusionPlan& plan, const std::unordered_set<Node*>& outputs) {
+Schedule updates_last(const FusionPlan& plan, const std::unordered_set<Node*>& outputs,
+                      size_t& tail) {
   std::unordered_set<const Node*> read, roots;
   for (const FusionGroup& g : plan.groups) {
     roots.insert(g.root);
@@ -287,8 +304,81 @@ Schedule updates_last(const FusionPlan& plan, const std::unordered_set<Node*>& o
         !read.count(g.root) && kept(g.root) && std::all_of(g.inputs.begin(), g.inputs.end(), kept);
     (sink ? last : order).push_back(&g);
   }
+  tail = last.size();
   order.insert(order.end(), last.begin(), last.end());
   return order;
+}
+
+// What kiln learns about a step that repeats (a training loop): the kernels' measured run
+// times and the kernel order chosen with them, keyed by the step's tables. Costs estimated
+// from bytes and flops miss launch and threading overheads, which dominate small kernels;
+// plans made with measured times choose better victims and report extra work truthfully.
+struct StepProfile {
+  std::vector<double> seconds;  ///< Per kernel in the given order: fastest run seen.
+  int measured = 0;             ///< Steps that contributed to `seconds`.
+  int ordered_with = -1;        ///< `measured` when `order` was chosen (-1: not yet).
+  memory::ScheduleOrder order = memory::ScheduleOrder::Given;
+};
+
+uint64_t tables_key(const memory::StepGraph& g, size_t budget, size_t tail) {
+  uint64_t h = 0xcbf29ce484222325ULL;
+  auto mix = [&h](uint64_t x) { h = (h ^ x) * 0x100000001b3ULL; };
+  mix(budget);
+  mix(tail);
+  for (const PlanValue& v : g.values)
+    mix(v.bytes), mix(static_cast<uint64_t>(v.producer)), mix(v.output * 2u + v.releasable_leaf);
+  for (const PlanKernel& k : g.kernels) {
+    mix(static_cast<uint64_t>(k.output)), mix(static_cast<uint64_t>(k.in_place_input));
+    mix(k.region), mix(k.region_result), mix(k.recomputable);
+    uint64_t bits;
+    std::memcpy(&bits, &k.cost, sizeof bits);
+    mix(bits);
+    for (int in : k.inputs) mix(static_cast<uint64_t>(in));
+  }
+  return h;
+}
+
+std::mutex g_profiles_mutex;
+std::unordered_map<uint64_t, StepProfile> g_profiles;
+
+// Puts measured costs into `g` (in the given order) and returns the kernel order to use,
+// choosing it again once the first two steps have been timed (the first includes compiling).
+memory::ScheduleOrder profile_and_order(uint64_t key, memory::StepGraph& g,
+                                        const memory::PlannerOptions& options, size_t tail) {
+  StepProfile p;
+  {
+    std::lock_guard<std::mutex> lock(g_profiles_mutex);
+    if (auto it = g_profiles.find(key); it != g_profiles.end()) p = it->second;
+  }
+  if (p.measured > 0 && p.seconds.size() == g.kernels.size())
+    for (size_t k = 0; k < g.kernels.size(); ++k) g.kernels[k].cost = p.seconds[k];
+  if (p.ordered_with >= 0 && (p.ordered_with >= 2 || p.measured < 2)) return p.order;
+  const memory::ScheduleOrder order =
+      memory::choose_schedule_order(g, options, tail,
+                                    p.ordered_with >= 0 ? p.order : memory::ScheduleOrder::Given)
+          .order;
+  std::lock_guard<std::mutex> lock(g_profiles_mutex);
+  if (g_profiles.size() >= 1024) g_profiles.clear();  // a long run of ever-new shapes
+  StepProfile& stored = g_profiles[key];
+  stored.order = order;
+  stored.ordered_with = p.measured;
+  return order;
+}
+
+// Records the run times of a step's first runs (`seconds` in run order, `perm` maps run
+// order to the given order).
+void remember_times(uint64_t key, const std::vector<double>& seconds,
+                    const std::vector<int>& perm) {
+  std::lock_guard<std::mutex> lock(g_profiles_mutex);
+  StepProfile& p = g_profiles[key];
+  if (p.seconds.size() != seconds.size()) p.seconds.assign(seconds.size(), -1.0), p.measured = 0;
+  for (size_t i = 0; i < seconds.size(); ++i) {
+    if (seconds[i] < 0) continue;
+    double& best = p.seconds[static_cast<size_t>(perm[i])];
+    best = best < 0 ? seconds[i] : std::min(best, seconds[i]);
+  }
+  for (double& t : p.seconds) t = std::max(t, 1e-7);
+  ++p.measured;
 }
 
 }  // namespace
@@ -320,17 +410,41 @@ void run_with_memory_plan(const FusionPlan& plan, const std::unordered_set<Node*
                           const std::vector<Node*>& original, const std::vector<Node*>& simplified,
                           const GroupRunner& run) {
   const auto planning_started = Clock::now();
-  const Schedule groups = updates_last(plan, outputs);
+  size_t tail = 0;
+  Schedule groups = updates_last(plan, outputs, tail);
   StepTables t = build_tables(groups, outputs, original, simplified);
   memory::PlannerOptions options;
   options.budget = memory::budget(t.device);
-  memory::StepPlan simulated;
-  if (options.budget > 0) {
-    memory::PlannerOptions planned = options;
+  memory::PlannerOptions planned = options;
+  if (options.budget > 0)
     planned.budget = static_cast<size_t>(static_cast<double>(options.budget) *
                                          (1.0 + std::max(memory::plan_margin(), 0.0)));
+  // Kernels on a GPU run asynchronously: timing their launches would say nothing.
+  const bool timed = !t.device.is_cuda();
+  const uint64_t key = tables_key(t.graph, options.budget, tail);
+  const memory::ScheduleOrder order = profile_and_order(key, t.graph, planned, tail);
+  // The tables as given, with the costs the planner uses.
+  if (const std::string dump = memory::plan_dump_path(); !dump.empty()) {
+    memory::StepGraphFile file{t.graph, {}, options.budget, tail};
+    for (const FusionGroup* g : groups) file.kernel_names.push_back(kernel_name(*g));
+    memory::save_step_graph(file, dump);
+  }
+  std::vector<int> perm = memory::schedule_order(t.graph, order, tail);
+  if (order != memory::ScheduleOrder::Given) {
+    std::vector<double> costs;
+    for (const PlanKernel& k : t.graph.kernels) costs.push_back(k.cost);
+    Schedule reordered;
+    reordered.reserve(groups.size());
+    for (int k : perm) reordered.push_back(groups[static_cast<size_t>(k)]);
+    groups = std::move(reordered);
+    t = build_tables(groups, outputs, original, simplified);
+    for (size_t i = 0; i < perm.size(); ++i)
+      t.graph.kernels[i].cost = costs[static_cast<size_t>(perm[i])];
+  }
+  memory::StepPlan simulated;
+  if (options.budget > 0) {
     simulated = memory::plan_step(t.graph, planned);
-    if (!simulated.feasible) raise_over_budget(t, groups, options, simulated);
+    if (!simulated.feasible) raise_over_budget(t, groups, options, simulated, tail);
   }
   const double planner_ms =
       std::chrono::duration<double, std::milli>(Clock::now() - planning_started).count();
@@ -338,6 +452,7 @@ void run_with_memory_plan(const FusionPlan& plan, const std::unordered_set<Node*
   const bool record = memory::step_recording();
   JitMachine machine(groups, t, run, record);
   memory::StepPlan done = memory::execute_step(t.graph, options, machine);
+  if (timed) remember_times(key, machine.seconds_, perm);
 
   memory::PlanSummary s;
   s.pool = pool_of(t.device).name();
@@ -361,6 +476,7 @@ void run_with_memory_plan(const FusionPlan& plan, const std::unordered_set<Node*
   s.base_cost = done.base_cost;
   s.extra_cost = done.extra_cost;
   s.planner_ms = planner_ms;
+  s.order = memory::order_name(order);
   std::unordered_set<int> in_place(machine.in_place_kernels_.begin(),
                                    machine.in_place_kernels_.end());
   for (size_t v = 0; v < t.nodes.size(); ++v) {

@@ -45,6 +45,7 @@ std::string plan_report() {
   line("measured peak", format_bytes(s.measured_peak) +
                             (s.within_budget ? "" : "  (over the budget: nothing left to evict)"));
   line("kept to the end", format_bytes(s.output_bytes) + " (results and held tensors)");
+  line("kernel order", s.order);
   line("kernels", std::to_string(s.kernels) + " (" + std::to_string(s.in_place) + " in place, " +
                       std::to_string(s.donated) + " updates donated)");
   line("replaced values freed", std::to_string(s.released_leaves));

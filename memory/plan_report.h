@@ -43,6 +43,7 @@ struct PlanSummary {
   double base_cost = 0;           ///< Estimated seconds of the step's kernels.
   double extra_cost = 0;          ///< Estimated seconds of the rebuilds.
   double planner_ms = 0;          ///< Planning time.
+  std::string order = "given";    ///< The kernel order chosen (memory/schedule_order.h).
   std::vector<RecomputedValue> recomputed;  ///< Largest first.
 };
 

@@ -1,6 +1,7 @@
 #include "recompute_planner.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <limits>
 
 namespace kiln::memory {
@@ -261,14 +262,22 @@ class Engine {
     if (o_.budget == 0) return true;
     while (usage() + (machine_ && value >= 0 ? machine_->bytes_for(value) : need) > o_.budget) {
       if (plan_.extra_cost > o_.max_extra_cost * plan_.base_cost) {
-        return fail("recomputation would exceed " + std::to_string(o_.max_extra_cost) +
-                    "x the step's own work (the budget is too close to the lower bound)");
+        return fail(over_cap());
       }
       int v = pick();
       if (v < 0) return fail("nothing left to evict at kernel " + std::to_string(p_));
       release(v, true);
     }
     return true;
+  }
+
+  std::string over_cap() const {
+    char why[160];
+    std::snprintf(why, sizeof why,
+                  "recomputation would exceed %gx the step's own work (the budget is too close "
+                  "to the lower bound)",
+                  o_.max_extra_cost);
+    return why;
   }
 
   bool fail(std::string why) {
@@ -286,8 +295,7 @@ class Engine {
     const size_t need = in_place ? 0 : out.bytes;
     if (!ok && !machine_) return false;
     if (recompute && o_.budget > 0 && plan_.extra_cost > o_.max_extra_cost * plan_.base_cost) {
-      fail("recomputation would exceed " + std::to_string(o_.max_extra_cost) +
-           "x the step's own work (the budget is too close to the lower bound)");
+      fail(over_cap());
       if (!machine_) return false;
     }
     plan_.actions.push_back(
@@ -314,13 +322,14 @@ class Engine {
   bool rebuild(int target) {
     struct Frame {
       int value;
-      bool expanded;
+      std::vector<int> children;  // inputs this frame had rebuilt; each holds a lock for it
     };
-    std::vector<Frame> frames{{target, false}};
+    std::vector<Frame> frames;
+    frames.push_back({target, {}});
     while (!frames.empty()) {
-      Frame& f = frames.back();
-      const int v = f.value;
-      if (resident_[static_cast<size_t>(v)] && !f.expanded) {
+      const size_t top = frames.size() - 1;
+      const int v = frames[top].value;
+      if (resident_[static_cast<size_t>(v)]) {
         ++lock_[static_cast<size_t>(v)];  // for whoever asked for it
         frames.pop_back();
         continue;
@@ -329,23 +338,28 @@ class Engine {
       if (k < 0 || !g_.kernels[static_cast<size_t>(k)].recomputable)
         return fail("value " + std::to_string(v) + " is gone and cannot be rebuilt");
       const PlanKernel& kernel = g_.kernels[static_cast<size_t>(k)];
-      if (!f.expanded) {
-        f.expanded = true;
-        // Resident inputs are locked now, missing ones when their rebuild completes.
-        for (int in : kernel.inputs)
-          if (resident_[static_cast<size_t>(in)]) ++lock_[static_cast<size_t>(in)];
-        for (int in : kernel.inputs)
-          if (!resident_[static_cast<size_t>(in)]) frames.push_back({in, false});
-        continue;
+      // Resident inputs are locked only while the kernel runs, not while the chain below
+      // it is rebuilt: locking them then would pin every step of a long recurrence at once
+      // and raise the floor. One evicted meanwhile is rebuilt again (the extra-work cap
+      // bounds how often).
+      bool all_here = true;
+      for (int in : kernel.inputs) {
+        if (resident_[static_cast<size_t>(in)]) continue;
+        all_here = false;
+        frames[top].children.push_back(in);
+        frames.push_back({in, {}});
       }
+      if (!all_here) continue;
+      for (int in : kernel.inputs) ++lock_[static_cast<size_t>(in)];
       if (!execute(k, true, false) && !machine_) return false;
       for (int in : kernel.inputs) --lock_[static_cast<size_t>(in)];
+      for (int c : frames[top].children) --lock_[static_cast<size_t>(c)];
       // Ancestors rebuilt only for this stay until the whole input is rebuilt: a sibling may
       // need them too (an LSTM's h and c both need the previous h and c, so releasing them
       // at once would rebuild the chain exponentially often). Meanwhile they are the first
       // candidates for eviction, since nothing ahead reads them.
       for (int in : kernel.inputs) temps_.push_back(in);
-      ++lock_[static_cast<size_t>(v)];
+      ++lock_[static_cast<size_t>(v)];  // for whoever asked for it
       frames.pop_back();
     }
     return true;

@@ -24,6 +24,8 @@ struct UsageError {
 int run_cache_command(const Invocation& inv);
 /// `kiln info`; returns the exit status.
 int run_info_command(const Invocation& inv);
+/// `kiln plan FILE [BUDGET...]`; returns the exit status.
+int run_plan_command(const Invocation& inv);
 
 /// The kiln version this tool was built with (PROJECT_VERSION).
 const char* kiln_version();

@@ -24,6 +24,7 @@ constexpr const char* kUsage =
     "  cache verify        check every entry; remove bad ones (exit 1 if any were removed)\n"
     "  cache clear         remove every entry\n"
     "  info                version, compilers, CPU features, threads, cache, devices\n"
+    "  plan FILE [BUDGET]  replay the memory planner on a step written by KILN_PLAN_DUMP\n"
     "\n"
     "options (anywhere on the command line):\n"
     "  --json              machine-readable output (one JSON document on stdout)\n"
@@ -42,6 +43,16 @@ constexpr const char* kCacheUsage =
     "  stats     entries, size, cap, directory, total hits and compile time\n"
     "  verify    check every entry; remove bad ones (exit 1 if any were removed)\n"
     "  clear     remove every entry\n";
+
+constexpr const char* kPlanUsage =
+    "usage: kiln [--json] plan FILE [BUDGET...]\n"
+    "\n"
+    "Replays the memory planner on the step tables FILE (written by KILN_PLAN_DUMP=FILE)\n"
+    "in every kernel order: unplanned peak and smallest budget per order, then at each\n"
+    "BUDGET the peak, extra work and rebuilds per order and the order kiln would run.\n"
+    "A BUDGET is a size (\"40MiB\", \"2GB\", bytes) or a number in (0, 1]: that share of\n"
+    "the bytes the step releases (unplanned peak less what it starts with and keeps).\n"
+    "Without BUDGETs: 0.5 0.33 0.2.\n";
 
 constexpr const char* kInfoUsage =
     "usage: kiln [--json] info\n"
@@ -87,6 +98,7 @@ ParsedLine parse(int argc, char** argv) {
 const char* usage_for(const std::vector<std::string>& words) {
   if (!words.empty() && words[0] == "cache") return kCacheUsage;
   if (!words.empty() && words[0] == "info") return kInfoUsage;
+  if (!words.empty() && words[0] == "plan") return kPlanUsage;
   return kUsage;
 }
 
@@ -95,6 +107,10 @@ void check_words(const std::vector<std::string>& w) {
   if (w.empty()) throw UsageError{"no command given"};
   if (w[0] == "info") {
     if (w.size() > 1) throw UsageError{"info takes no arguments"};
+    return;
+  }
+  if (w[0] == "plan") {
+    if (w.size() < 2) throw UsageError{"plan needs a FILE written by KILN_PLAN_DUMP"};
     return;
   }
   if (w[0] != "cache") throw UsageError{"unknown command '" + w[0] + "'"};
@@ -141,6 +157,7 @@ int run(int argc, char** argv) {
   }
   try {
     if (p.inv.words[0] == "info") return run_info_command(p.inv);
+    if (p.inv.words[0] == "plan") return run_plan_command(p.inv);
     return run_cache_command(p.inv);
   } catch (const UsageError& e) {
     return usage_error(e, p.inv.words);

@@ -1,0 +1,55 @@
+#pragma once
+// The order kernels run in decides what is alive together, so before planning memory the
+// step's kernels may be put in another topological order. The fused schedule comes from a
+// depth-first walk from the results, which puts each result's whole ancestry right before
+// it: a training step's weight-gradient products all land after the backward pass, keeping
+// every saved activation alive until then. Other orders run those consumers as soon as they
+// can. No one order is best for every model, so the planner simulates a few and keeps the
+// one that fits the budget with the least recomputation (XLA's scheduler picks among
+// list, depth-first and post-order schedules the same way).
+#include <cstddef>
+#include <string>
+#include <vector>
+
+#include "recompute_planner.h"
+
+namespace kiln::memory {
+
+/// A way to order a step's kernels.
+enum class ScheduleOrder {
+  Given,    ///< as fused (depth-first from the results)
+  Eager,    ///< as given, but a ready kernel that frees at least what it allocates runs at once
+  Frees,    ///< list scheduling: the ready kernel that frees the most bytes net runs next
+  Breadth,  ///< each kernel as soon as its inputs exist (first ready, first run)
+};
+
+/// "given", "eager", "frees" or "breadth".
+const char* order_name(ScheduleOrder order);
+
+/// Every order, Given first.
+const std::vector<ScheduleOrder>& all_orders();
+
+/// The kernels of `graph` in `order`: position i runs old kernel result[i]. The last
+/// `fixed_tail` kernels (updates, which nothing in the step reads) keep their place at
+/// the end. Always a topological order of the graph.
+std::vector<int> schedule_order(const StepGraph& graph, ScheduleOrder order, size_t fixed_tail);
+
+/// `graph` with its kernels permuted by `perm` (from schedule_order); value ids unchanged.
+StepGraph reorder(const StepGraph& graph, const std::vector<int>& perm);
+
+/// The outcome of choose_schedule_order.
+struct OrderChoice {
+  ScheduleOrder order = ScheduleOrder::Given;
+  std::vector<int> perm;  ///< schedule_order(graph, order, fixed_tail)
+  StepPlan plan;          ///< plan_step on the reordered graph
+};
+
+/// Plans the step in every order and keeps the best: without a budget the lowest peak;
+/// under one a feasible plan with the least recomputation (then the lowest peak). Ties go
+/// to the earlier order in all_orders(), so Given wins unless another does better.
+/// `try_first` (the order chosen last time) is planned first, to bound the others early.
+OrderChoice choose_schedule_order(const StepGraph& graph, const PlannerOptions& options,
+                                  size_t fixed_tail,
+                                  ScheduleOrder try_first = ScheduleOrder::Given);
+
+}  // namespace kiln::memory

@@ -1,0 +1,143 @@
+#include "step_graph_file.h"
+
+#include <atomic>
+#include <cstdint>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+
+#include "../core/error.h"
+
+namespace kiln::memory {
+namespace {
+
+constexpr const char* kMagic = "kiln-step-graph 1";
+
+}  // namespace
+
+void save_step_graph(const StepGraphFile& file, const std::string& path) {
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp);
+    if (!out) throw IOError("[memory] cannot write the step graph to " + tmp);
+    const StepGraph& g = file.graph;
+    out.precision(17);
+    out << kMagic << "\n";
+    out << "budget " << file.budget << "\n";
+    out << "start_bytes " << g.start_bytes << "\n";
+    out << "fixed_tail " << file.fixed_tail << "\n";
+    out << "values " << g.values.size() << "\n";
+    // bytes producer output releasable_leaf
+    for (const PlanValue& v : g.values)
+      out << v.bytes << ' ' << v.producer << ' ' << v.output << ' ' << v.releasable_leaf << "\n";
+    out << "kernels " << g.kernels.size() << "\n";
+    // output cost recomputable in_place_input region region_result n_inputs inputs... | name
+    for (size_t k = 0; k < g.kernels.size(); ++k) {
+      const PlanKernel& pk = g.kernels[k];
+      out << pk.output << ' ' << pk.cost << ' ' << pk.recomputable << ' ' << pk.in_place_input
+          << ' ' << pk.region << ' ' << pk.region_result << ' ' << pk.inputs.size();
+      for (int in : pk.inputs) out << ' ' << in;
+      out << " | " << (k < file.kernel_names.size() ? file.kernel_names[k] : std::string()) << "\n";
+    }
+    if (!out) throw IOError("[memory] cannot write the step graph to " + tmp);
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    std::remove(tmp.c_str());
+    throw IOError("[memory] cannot replace " + path + " with the step graph");
+  }
+}
+
+StepGraphFile load_step_graph(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw IOError("[memory] cannot read the step graph " + path);
+  StepGraphFile file;
+  StepGraph& g = file.graph;
+  int line_no = 0;
+  std::string line;
+  auto bad = [&](const std::string& what) -> ValueError {
+    return ValueError("[memory] " + path + ":" + std::to_string(line_no) +
+                      ": not a step graph written by KILN_PLAN_DUMP (" + what + ")");
+  };
+  auto next = [&]() -> std::istringstream {
+    if (!std::getline(in, line)) throw bad("it ends early");
+    ++line_no;
+    return std::istringstream(line);
+  };
+  auto header = [&](const char* word) {
+    std::istringstream s = next();
+    std::string w;
+    size_t n = 0;
+    if (!(s >> w >> n) || w != word) throw bad(std::string("expected '") + word + " N'");
+    return n;
+  };
+  if (std::getline(in, line), ++line_no, line != kMagic) throw bad("no header line");
+  file.budget = header("budget");
+  g.start_bytes = header("start_bytes");
+  file.fixed_tail = header("fixed_tail");
+  const size_t nv = header("values");
+  if (nv > (size_t{1} << 28)) throw bad("too many values");
+  g.values.resize(nv);
+  for (PlanValue& v : g.values) {
+    std::istringstream s = next();
+    int output = 0, leaf = 0;
+    if (!(s >> v.bytes >> v.producer >> output >> leaf)) throw bad("a value needs 4 fields");
+    v.output = output != 0, v.releasable_leaf = leaf != 0;
+  }
+  const size_t nk = header("kernels");
+  if (nk > (size_t{1} << 28)) throw bad("too many kernels");
+  g.kernels.resize(nk);
+  file.kernel_names.resize(nk);
+  auto value_id = [&](int v) {
+    if (v < 0 || static_cast<size_t>(v) >= nv) throw bad("value id " + std::to_string(v));
+    return v;
+  };
+  for (size_t k = 0; k < nk; ++k) {
+    PlanKernel& pk = g.kernels[k];
+    std::istringstream s = next();
+    int recomputable = 0, result = 0;
+    size_t n = 0;
+    if (!(s >> pk.output >> pk.cost >> recomputable >> pk.in_place_input >> pk.region >> result >>
+          n) ||
+        n > nv)
+      throw bad("a kernel needs output, cost, flags and inputs");
+    pk.recomputable = recomputable != 0, pk.region_result = result != 0;
+    value_id(pk.output);
+    if (pk.in_place_input != -1) value_id(pk.in_place_input);
+    pk.inputs.resize(n);
+    for (int& v : pk.inputs)
+      if (!(s >> v)) throw bad("missing inputs");
+    for (int v : pk.inputs)
+      if (g.values[static_cast<size_t>(value_id(v))].producer >= static_cast<int>(k))
+        throw bad("kernel " + std::to_string(k) + " reads value " + std::to_string(v) +
+                  " before it is written");
+    std::string bar;
+    if (s >> bar && bar == "|") {
+      std::getline(s >> std::ws, file.kernel_names[k]);
+    }
+  }
+  // The planner indexes by these: a producer must name the kernel that writes the value.
+  for (size_t v = 0; v < nv; ++v) {
+    int p = g.values[v].producer;
+    if (p != -1 && (p < 0 || static_cast<size_t>(p) >= nk ||
+                    g.kernels[static_cast<size_t>(p)].output != static_cast<int>(v)))
+      throw bad("value " + std::to_string(v) + " names producer " + std::to_string(p) +
+                ", which does not write it");
+  }
+  for (size_t k = 0; k < nk; ++k)
+    if (g.values[static_cast<size_t>(g.kernels[k].output)].producer != static_cast<int>(k))
+      throw bad("kernel " + std::to_string(k) + " writes a value produced elsewhere");
+  return file;
+}
+
+std::string plan_dump_path() {
+  const char* p = std::getenv("KILN_PLAN_DUMP");
+  if (!p || !*p) return {};
+  std::string path = p;
+  if (size_t at = path.find("%n"); at != std::string::npos) {
+    static std::atomic<uint64_t> evaluations{0};
+    path.replace(at, 2, std::to_string(evaluations.fetch_add(1)));
+  }
+  return path;
+}
+
+}  // namespace kiln::memory

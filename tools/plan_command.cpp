@@ -1,0 +1,132 @@
+// `kiln plan FILE [BUDGET...]`: replays the memory planner on a step's tables written by
+// KILN_PLAN_DUMP, in every kernel order, at the budgets given. It answers "what budget
+// could this step fit, and at what cost" without the model that produced it.
+#include <cstdio>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "memory/caching_pool.h"
+#include "memory/device_pools.h"
+#include "memory/schedule_order.h"
+#include "memory/step_graph_file.h"
+#include "tools/cli.h"
+
+namespace kiln::cli {
+namespace {
+
+using Json = nlohmann::json;
+namespace mem = kiln::memory;
+
+// A bare number in (0, 1] is a share of the bytes the step releases (its unplanned peak
+// less what it starts with and keeps); anything else is a memory size ("40MiB").
+size_t parse_budget(const std::string& text, size_t floor, size_t releasable) {
+  char* end = nullptr;
+  const double v = std::strtod(text.c_str(), &end);
+  if (end != text.c_str() && *end == '\0' && v > 0 && v <= 1)
+    return floor + static_cast<size_t>(v * static_cast<double>(releasable));
+  return mem::parse_memory_size(text, "budget");
+}
+
+}  // namespace
+
+int run_plan_command(const Invocation& inv) {
+  const mem::StepGraphFile file = mem::load_step_graph(inv.words[1]);
+  const mem::StepGraph& g = file.graph;
+  size_t kept = 0;
+  for (const mem::PlanValue& v : g.values)
+    if (v.output && v.producer >= 0) {
+      const mem::PlanKernel& k = g.kernels[static_cast<size_t>(v.producer)];
+      // An update written over the value it replaced adds nothing.
+      if (k.in_place_input < 0 || !g.values[static_cast<size_t>(k.in_place_input)].releasable_leaf)
+        kept += v.bytes;
+    }
+  struct Ordered {
+    mem::ScheduleOrder order;
+    mem::StepGraph graph;
+    size_t peak, smallest;
+  };
+  std::vector<Ordered> orders;
+  size_t unplanned = 0;
+  for (mem::ScheduleOrder order : mem::all_orders()) {
+    mem::StepGraph h = mem::reorder(g, mem::schedule_order(g, order, file.fixed_tail));
+    const size_t peak = mem::plan_step(h, mem::PlannerOptions{}).peak;
+    if (order == mem::ScheduleOrder::Given) unplanned = peak;
+    const size_t smallest = mem::smallest_feasible_budget(h, mem::PlannerOptions{});
+    orders.push_back({order, std::move(h), peak, smallest});
+  }
+  const size_t floor = g.start_bytes + kept;
+  const size_t releasable = unplanned > floor ? unplanned - floor : 0;
+  std::vector<std::string> budgets(inv.words.begin() + 2, inv.words.end());
+  if (budgets.empty()) budgets = {"0.5", "0.33", "0.2"};
+
+  Json doc;
+  doc["file"] = inv.words[1];
+  doc["kernels"] = g.kernels.size();
+  doc["values"] = g.values.size();
+  doc["start_bytes"] = g.start_bytes;
+  doc["kept_bytes"] = kept;
+  doc["lower_bound"] = mem::lower_bound(g);
+  doc["budget_when_written"] = file.budget;
+  std::string text;
+  char line[256];
+  std::snprintf(line, sizeof line,
+                "%s: %zu kernels, starts with %s, keeps %s, lower bound %s, budget when "
+                "written %s\n",
+                inv.words[1].c_str(), g.kernels.size(), mem::format_bytes(g.start_bytes).c_str(),
+                mem::format_bytes(kept).c_str(), mem::format_bytes(mem::lower_bound(g)).c_str(),
+                file.budget ? mem::format_bytes(file.budget).c_str() : "none");
+  text += line;
+  text += "order      unplanned peak   smallest budget\n";
+  for (const Ordered& o : orders) {
+    std::snprintf(line, sizeof line, "%-10s %14s %17s\n", mem::order_name(o.order),
+                  mem::format_bytes(o.peak).c_str(), mem::format_bytes(o.smallest).c_str());
+    text += line;
+    doc["orders"].push_back({{"order", mem::order_name(o.order)},
+                             {"unplanned_peak", o.peak},
+                             {"smallest_budget", o.smallest}});
+  }
+  for (const std::string& spec : budgets) {
+    const size_t budget = parse_budget(spec, floor, releasable);
+    mem::PlannerOptions options;
+    options.budget = budget;
+    std::snprintf(line, sizeof line, "budget %s (%s):\n", spec.c_str(),
+                  mem::format_bytes(budget).c_str());
+    text += line;
+    Json row{{"budget", spec}, {"budget_bytes", budget}};
+    for (const Ordered& o : orders) {
+      const mem::StepPlan p = mem::plan_step(o.graph, options);
+      const double extra = p.base_cost > 0 ? 100.0 * p.extra_cost / p.base_cost : 0;
+      if (p.feasible)
+        std::snprintf(line, sizeof line, "  %-10s peak %s, +%.1f%% work, %zu rebuilds\n",
+                      mem::order_name(o.order), mem::format_bytes(p.peak).c_str(), extra,
+                      p.recomputes);
+      else
+        std::snprintf(line, sizeof line, "  %-10s does not fit: %s\n", mem::order_name(o.order),
+                      p.failure.c_str());
+      text += line;
+      row["orders"].push_back({{"order", mem::order_name(o.order)},
+                               {"feasible", p.feasible},
+                               {"peak", p.peak},
+                               {"extra_work_pct", extra},
+                               {"rebuilds", p.recomputes},
+                               {"failure", p.failure}});
+    }
+    const mem::OrderChoice choice = mem::choose_schedule_order(g, options, file.fixed_tail);
+    std::snprintf(line, sizeof line, "  kiln would run: %s%s\n", mem::order_name(choice.order),
+                  choice.plan.feasible ? "" : " (and refuse the budget)");
+    text += line;
+    row["chosen"] = mem::order_name(choice.order);
+    row["chosen_feasible"] = choice.plan.feasible;
+    doc["budgets"].push_back(row);
+  }
+  if (inv.json)
+    std::cout << doc.dump(2) << "\n";
+  else
+    std::cout << text;
+  return 0;
+}
+
+}  // namespace kiln::cli
