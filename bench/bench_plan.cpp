@@ -14,6 +14,11 @@
 // budget as a fraction of the whole unplanned peak. f = 1.0 plans with a budget equal to
 // the unplanned peak plus 1% (the planner's overhead when it has nothing to do).
 //
+// Each step is zero_grad, forward, backward, step, zero_grad, then the loss is read: the
+// gradients are released before the step is evaluated, so kiln can free each one right
+// after its update (with them kept, the deep MLP's peak is parameters + momentum +
+// gradients, which no budget can go below; docs/benchmarks.md has those figures too).
+//
 // Row plan_transformer_varlen: unbudgeted steps whose sequence length changes between 64
 // and 512 from step to step; kiln_ms is the median step, `reserved_ratio` the pool's peak
 // reserved over peak allocated (target <= 1.10; <= 1.05 for fixed shapes).
@@ -62,6 +67,7 @@ Model make(const std::string& name) {
       Tensor loss = nn::cross_entropy(seq->forward(x), y);
       loss.backward();
       opt->step();
+      opt->zero_grad();  // gradients are not kept past the step (see the file comment)
       return loss.item<double>();
     }};
   }
@@ -74,6 +80,7 @@ Model make(const std::string& name) {
       Tensor loss = nn::cross_entropy(reshape(m->forward(x), {32 * 256, 128}), y);
       loss.backward();
       opt->step();
+      opt->zero_grad();
       return loss.item<double>();
     }};
   }
@@ -86,6 +93,7 @@ Model make(const std::string& name) {
     Tensor loss = nn::cross_entropy(reshape(m->forward(x), {16 * seq, 128}), y);
     loss.backward();
     opt->step();
+    opt->zero_grad();
     return loss.item<double>();
   }};
 }

@@ -69,6 +69,28 @@ struct StepTables {
 // The groups in the order they run (see updates_last).
 using Schedule = std::vector<const FusionGroup*>;
 
+// Marks, per kernel, an input whose buffer its output may take over: one it reads for the
+// last time, only at its own output element, on its device, that nothing must keep.
+void assign_in_place(StepTables& t, const Schedule& groups) {
+  std::vector<int> last_read(t.nodes.size(), -1);
+  for (size_t k = 0; k < groups.size(); ++k)
+    for (int v : t.graph.kernels[k].inputs) last_read[static_cast<size_t>(v)] = static_cast<int>(k);
+  for (size_t k = 0; k < groups.size(); ++k) {
+    const FusionGroup& g = *groups[k];
+    if (g.library || g.root->op == OpCode::Transfer) continue;
+    for (int v : t.graph.kernels[k].inputs) {
+      const PlanValue& pv = t.graph.values[static_cast<size_t>(v)];
+      Node* n = t.nodes[static_cast<size_t>(v)];
+      if (pv.output || last_read[static_cast<size_t>(v)] != static_cast<int>(k) ||
+          n->device != g.root->device || (pv.producer < 0 && !pv.releasable_leaf) ||
+          !reads_at_output_index(g, n))
+        continue;
+      t.graph.kernels[k].in_place_input = v;
+      break;
+    }
+  }
+}
+
 StepTables build_tables(const Schedule& groups, const std::unordered_set<Node*>& outputs,
                         const std::vector<Node*>& original, const std::vector<Node*>& simplified) {
   StepTables t;
@@ -93,7 +115,6 @@ StepTables build_tables(const Schedule& groups, const std::unordered_set<Node*>&
   for (const FusionGroup* g : groups) value_of(g->root, -1);  // ids first, producers below
   for (size_t k = 0; k < groups.size(); ++k)
     t.graph.values[static_cast<size_t>(id.at(groups[k]->root))].producer = static_cast<int>(k);
-  std::vector<int> last_read;
   for (size_t k = 0; k < groups.size(); ++k) {
     PlanKernel pk;
     for (Node* in : groups[k]->inputs) {
@@ -107,9 +128,6 @@ StepTables build_tables(const Schedule& groups, const std::unordered_set<Node*>&
     pk.region_result = (groups[k]->root->checkpoint_region & kCheckpointResultBit) != 0;
     t.graph.kernels.push_back(std::move(pk));
   }
-  last_read.assign(t.nodes.size(), -1);
-  for (size_t k = 0; k < groups.size(); ++k)
-    for (int v : t.graph.kernels[k].inputs) last_read[static_cast<size_t>(v)] = static_cast<int>(k);
 
   // A leaf may be donated only when it was replaced (assign) and nothing outside this step
   // can reach it: no handle, no other owner of its buffer, and every reference to the node
@@ -133,22 +151,28 @@ StepTables build_tables(const Schedule& groups, const std::unordered_set<Node*>&
         t.graph.values[static_cast<size_t>(id.at(n))].releasable_leaf = true;
   }
 
-  for (size_t k = 0; k < groups.size(); ++k) {
-    const FusionGroup& g = *groups[k];
-    if (g.library || g.root->op == OpCode::Transfer) continue;
-    for (int v : t.graph.kernels[k].inputs) {
-      const PlanValue& pv = t.graph.values[static_cast<size_t>(v)];
-      Node* n = t.nodes[static_cast<size_t>(v)];
-      if (pv.output || last_read[static_cast<size_t>(v)] != static_cast<int>(k) ||
-          n->device != g.root->device || (pv.producer < 0 && !pv.releasable_leaf) ||
-          !reads_at_output_index(g, n))
-        continue;
-      t.graph.kernels[k].in_place_input = v;
-      break;
-    }
-  }
+  assign_in_place(t, groups);
   t.graph.start_bytes = pool_of(t.device).allocated();
   return t;
+}
+
+// The tables for the same kernels run in another order (`perm` from schedule_order; the
+// groups already permuted): value ids stay, producers move, in-place candidates change
+// with the last reads.
+void reorder_tables(StepTables& t, const Schedule& groups, const std::vector<int>& perm) {
+  const std::vector<int> old_ids = [&] {
+    std::vector<int> at(perm.size());
+    for (size_t i = 0; i < perm.size(); ++i) at[static_cast<size_t>(perm[i])] = static_cast<int>(i);
+    return at;
+  }();
+  std::vector<PlanKernel> kernels;
+  kernels.reserve(perm.size());
+  for (int k : perm) kernels.push_back(std::move(t.graph.kernels[static_cast<size_t>(k)]));
+  t.graph.kernels = std::move(kernels);
+  for (PlanValue& v : t.graph.values)
+    if (v.producer >= 0) v.producer = old_ids[static_cast<size_t>(v.producer)];
+  for (PlanKernel& k : t.graph.kernels) k.in_place_input = -1;
+  assign_in_place(t, groups);
 }
 
 // Runs the planner's actions on the real nodes and records what happened.
@@ -431,15 +455,11 @@ void run_with_memory_plan(const FusionPlan& plan, const std::unordered_set<Node*
   }
   std::vector<int> perm = memory::schedule_order(t.graph, order, tail);
   if (order != memory::ScheduleOrder::Given) {
-    std::vector<double> costs;
-    for (const PlanKernel& k : t.graph.kernels) costs.push_back(k.cost);
     Schedule reordered;
     reordered.reserve(groups.size());
     for (int k : perm) reordered.push_back(groups[static_cast<size_t>(k)]);
     groups = std::move(reordered);
-    t = build_tables(groups, outputs, original, simplified);
-    for (size_t i = 0; i < perm.size(); ++i)
-      t.graph.kernels[i].cost = costs[static_cast<size_t>(perm[i])];
+    reorder_tables(t, groups, perm);
   }
   memory::StepPlan simulated;
   if (options.budget > 0) {
