@@ -368,7 +368,8 @@ std::unordered_map<uint64_t, StepProfile> g_profiles;
 // Puts measured costs into `g` (in the given order) and returns the kernel order to use,
 // choosing it again once the first two steps have been timed (the first includes compiling).
 memory::ScheduleOrder profile_and_order(uint64_t key, memory::StepGraph& g,
-                                        const memory::PlannerOptions& options, size_t tail) {
+                                        const memory::PlannerOptions& options, size_t tail,
+                                        bool choose_again = false) {
   StepProfile p;
   {
     std::lock_guard<std::mutex> lock(g_profiles_mutex);
@@ -376,7 +377,8 @@ memory::ScheduleOrder profile_and_order(uint64_t key, memory::StepGraph& g,
   }
   if (p.measured > 0 && p.seconds.size() == g.kernels.size())
     for (size_t k = 0; k < g.kernels.size(); ++k) g.kernels[k].cost = p.seconds[k];
-  if (p.ordered_with >= 0 && (p.ordered_with >= 2 || p.measured < 2)) return p.order;
+  if (!choose_again && p.ordered_with >= 0 && (p.ordered_with >= 2 || p.measured < 2))
+    return p.order;
   const memory::ScheduleOrder order =
       memory::choose_schedule_order(g, options, tail,
                                     p.ordered_with >= 0 ? p.order : memory::ScheduleOrder::Given)
@@ -446,24 +448,38 @@ void run_with_memory_plan(const FusionPlan& plan, const std::unordered_set<Node*
   // Kernels on a GPU run asynchronously: timing their launches would say nothing.
   const bool timed = !t.device.is_cuda();
   const uint64_t key = tables_key(t.graph, options.budget, tail);
-  const memory::ScheduleOrder order = profile_and_order(key, t.graph, planned, tail);
+  memory::ScheduleOrder order = profile_and_order(key, t.graph, planned, tail);
   // The tables as given, with the costs the planner uses.
   if (const std::string dump = memory::plan_dump_path(); !dump.empty()) {
     memory::StepGraphFile file{t.graph, {}, options.budget, tail};
     for (const FusionGroup* g : groups) file.kernel_names.push_back(kernel_name(*g));
     memory::save_step_graph(file, dump);
   }
-  std::vector<int> perm = memory::schedule_order(t.graph, order, tail);
-  if (order != memory::ScheduleOrder::Given) {
+  const Schedule given_groups = options.budget > 0 ? groups : Schedule{};
+  const memory::StepGraph given_graph = options.budget > 0 ? t.graph : memory::StepGraph{};
+  std::vector<int> perm;
+  auto run_in = [&](memory::ScheduleOrder o) {
+    perm = memory::schedule_order(t.graph, o, tail);
+    if (o == memory::ScheduleOrder::Given) return;
     Schedule reordered;
     reordered.reserve(groups.size());
     for (int k : perm) reordered.push_back(groups[static_cast<size_t>(k)]);
     groups = std::move(reordered);
     reorder_tables(t, groups, perm);
-  }
+  };
+  run_in(order);
   memory::StepPlan simulated;
   if (options.budget > 0) {
     simulated = memory::plan_step(t.graph, planned);
+    if (!simulated.feasible) {
+      // Near the floor an order chosen with earlier costs may no longer fit with today's
+      // measured ones: choose again before refusing.
+      groups = given_groups;
+      t.graph = given_graph;
+      order = profile_and_order(key, t.graph, planned, tail, true);
+      run_in(order);
+      simulated = memory::plan_step(t.graph, planned);
+    }
     if (!simulated.feasible) raise_over_budget(t, groups, options, simulated, tail);
   }
   const double planner_ms =
