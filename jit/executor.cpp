@@ -280,6 +280,9 @@ struct CachedGroup {
   bool library = false;
   int gemm_a = 0, gemm_b = 0;  // schedule position, or -1 - leaf index
   std::vector<int> absorbed;
+  bool accumulates = false;  // an accumulation: the root is the add
+  int gemm_reduce = 0;       // its product's position
+  int gemm_accumulate = 0;   // what it adds into (position or -1 - leaf index)
 };
 std::mutex g_plan_mutex;
 std::unordered_map<uint64_t, std::vector<CachedGroup>> g_plans;
@@ -340,12 +343,17 @@ FusionPlan instantiate(const std::vector<CachedGroup>& cached, const std::vector
           g.inputs.push_back(in.get());
     g.library = c.library;
     if (c.library) {
-      g.gemm.reduce = g.root;
+      g.gemm.reduce = c.accumulates ? schedule[c.gemm_reduce] : g.root;
       g.gemm.a = p.node(schedule, c.gemm_a);
       g.gemm.b = p.node(schedule, c.gemm_b);
       for (int a : c.absorbed) g.gemm.absorbed.push_back(schedule[a]);
       g.inputs = {g.gemm.a};
       if (g.gemm.b != g.gemm.a) g.inputs.push_back(g.gemm.b);
+      if (c.accumulates) {
+        g.gemm.sum = g.root;
+        g.gemm.accumulate = p.node(schedule, c.gemm_accumulate);
+        g.inputs.push_back(g.gemm.accumulate);
+      }
     }
     plan.groups.push_back(std::move(g));
   }
@@ -363,6 +371,11 @@ std::vector<CachedGroup> positional(const FusionPlan& plan, const Positions& p) 
       c.gemm_a = p.ref(g.gemm.a);
       c.gemm_b = p.ref(g.gemm.b);
       for (Node* a : g.gemm.absorbed) c.absorbed.push_back(p.pos.at(a));
+      if (g.gemm.sum) {
+        c.accumulates = true;
+        c.gemm_reduce = p.pos.at(g.gemm.reduce);
+        c.gemm_accumulate = p.ref(g.gemm.accumulate);
+      }
     }
     out.push_back(std::move(c));
   }

@@ -102,6 +102,30 @@ FusionPlan fuse(const std::vector<Node*>& schedule, const std::unordered_set<Nod
       }
     }
   }
+  // add(P, product) with P stored anyway (an earlier product or accumulation, or an
+  // evaluated tensor) runs as the product added into P: gradient sums over many steps then
+  // hold one running total instead of 8 live terms per fused sum.
+  std::unordered_map<Node*, GemmMatch> accumulations;  // by the add
+  std::unordered_set<Node*> accumulated;               // products absorbed into an add
+  if (!no_fusion && !pass_disabled("LIBRARY") && !pass_disabled("ACCUMULATE")) {
+    auto single_use = [&](Node* n) { return consumers[n] == 1 && !outputs.count(n); };
+    auto gemm_of = [&](Node* n) -> const GemmMatch* {
+      auto it = gemms.find(n);
+      return it == gemms.end() || accumulated.count(n) ? nullptr : &it->second;
+    };
+    auto stored = [&](Node* n) {
+      return n->is_evaluated() || (gemms.count(n) && !accumulated.count(n)) ||
+             accumulations.count(n);
+    };
+    for (Node* n : schedule) {
+      GemmMatch m;
+      if (match_accumulate(n, single_use, gemm_of, stored, &m)) {
+        accumulated.insert(m.reduce);
+        forced.insert(n);
+        accumulations[n] = m;
+      }
+    }
+  }
 
   std::unordered_map<Node*, int> cost;   // inline cost; 0 once materialized
   std::unordered_map<Node*, int> depth;  // longest inlined chain below the node
@@ -122,7 +146,8 @@ FusionPlan fuse(const std::vector<Node*>& schedule, const std::unordered_set<Nod
     depth[n] = dep;
     reads[n] = r;
     bool keep = no_fusion || outputs.count(n) || forced.count(n) ||
-                n->op == OpCode::ReindexReduce || n->op == OpCode::Transfer;
+                (n->op == OpCode::ReindexReduce && !accumulated.count(n)) ||
+                n->op == OpCode::Transfer;
     // Long chains are cut into kernels of bounded depth: lowering walks them recursively
     // and one huge expression compiles slowly.
     if (!keep && dep >= kMaxInlineDepth) keep = true;
@@ -148,6 +173,19 @@ FusionPlan fuse(const std::vector<Node*>& schedule, const std::unordered_set<Nod
     if (!materialized.count(root)) continue;
     FusionGroup g;
     g.root = root;
+    if (auto acc = accumulations.find(root); acc != accumulations.end()) {
+      const GemmMatch& m = acc->second;
+      g.library = true;
+      g.gemm = m;
+      g.members = m.absorbed;
+      g.members.push_back(m.reduce);
+      g.members.push_back(root);
+      for (Node* in : {m.a, m.b, m.accumulate})
+        if (std::find(g.inputs.begin(), g.inputs.end(), in) == g.inputs.end())
+          g.inputs.push_back(in);
+      plan.groups.push_back(std::move(g));
+      continue;
+    }
     auto gm = gemms.find(root);
     if (gm != gemms.end()) {
       g.library = true;

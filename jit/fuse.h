@@ -31,7 +31,9 @@ struct FusionPlan {
 /// inlined into consumers (duplicated when several consumers share a cheap producer).
 /// Matmul compositions of float32/float64 become library GEMM groups.
 /// KILN_DISABLE_FUSION=1 materializes every node (one kernel per node) and
-/// KILN_DISABLE_LIBRARY=1 keeps matmuls as generated code, for bisecting.
+/// KILN_DISABLE_LIBRARY=1 keeps matmuls as generated code, for bisecting. On the CPU an
+/// add of a product into a value stored anyway becomes one accumulating GEMM group
+/// (KILN_DISABLE_ACCUMULATE=1 keeps the add separate).
 FusionPlan fuse(const std::vector<Node*>& schedule, const std::unordered_set<Node*>& outputs);
 
 /// True when KILN_DISABLE_<PASS>=1 is set (read once per pass name).

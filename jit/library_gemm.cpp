@@ -375,6 +375,28 @@ bool match_gemm(Node* r, const std::function<bool(Node*)>& single_use, GemmMatch
   return true;
 }
 
+bool match_accumulate(Node* sum, const std::function<bool(Node*)>& single_use,
+                      const std::function<const GemmMatch*(Node*)>& gemm_of,
+                      const std::function<bool(Node*)>& stored, GemmMatch* match) {
+  if (sum->op != OpCode::Add || sum->inputs.size() != 2 || sum->device.is_cuda() ||
+      sum->is_evaluated())
+    return false;
+  for (int i = 0; i < 2; ++i) {
+    Node* product = sum->inputs[static_cast<size_t>(i)].get();
+    Node* into = sum->inputs[static_cast<size_t>(1 - i)].get();
+    const GemmMatch* g = gemm_of(product);
+    if (g == nullptr || g->accumulate || into == product || !single_use(product) || !stored(into) ||
+        product->shape != sum->shape || into->shape != sum->shape || product->dtype != sum->dtype ||
+        into->dtype != sum->dtype || into->device != sum->device || into == g->a || into == g->b)
+      continue;
+    *match = *g;
+    match->accumulate = into;
+    match->sum = sum;
+    return true;
+  }
+  return false;
+}
+
 namespace {
 
 // One BLAS call on row-major operands (beta = 1 adds to C).
@@ -486,6 +508,8 @@ void run_gemm_cuda(const GemmMatch& g, Node& out, GemmLayout& L) {
 }  // namespace
 
 void run_gemm(const GemmMatch& g) {
+  if (g.sum && g.reduce->device.is_cuda())
+    throw ValueError("[matmul] a GEMM accumulation was planned on a CUDA device");
   if (g.reduce->device.is_cuda()) {
     GemmLayout L;
     if (!gemm_layout(*g.reduce, &L))
@@ -499,14 +523,20 @@ void run_gemm(const GemmMatch& g) {
   static std::once_flag threads_set;
   std::call_once(threads_set, [] { openblas_set_num_threads(1); });
 #endif
-  Node& out = *g.reduce;
+  Node& out = g.sum ? *g.sum : *g.reduce;
   GemmLayout L;
-  if (!gemm_layout(out, &L))
+  if (!gemm_layout(*g.reduce, &L))
     throw ValueError("[matmul] the library GEMM no longer matches its plan");
   const auto elem = static_cast<int64_t>(itemsize(out.dtype));
-  auto buffer = std::make_shared<Buffer>(out.nbytes(), out.device);
+  std::shared_ptr<Buffer> buffer;
+  if (g.sum && out.buffer) {
+    buffer = out.buffer;  // the memory plan handed over the accumulated value's buffer
+  } else {
+    buffer = std::make_shared<Buffer>(out.nbytes(), out.device);
+    if (g.sum) std::memcpy(buffer->data(), g.accumulate->buffer->data(), out.nbytes());
+  }
   char* c = static_cast<char*>(buffer->data());
-  if (L.k == 0) std::memset(c, 0, out.nbytes());
+  if (L.k == 0 && !g.sum) std::memset(c, 0, out.nbytes());
   const auto [left, right, base_a, base_b] = operands_of(g, L);
   const char* a = static_cast<const char*>(left->buffer->data());
   const char* b = static_cast<const char*>(right->buffer->data());
@@ -522,7 +552,7 @@ void run_gemm(const GemmMatch& g) {
     int64_t ob = call.ob + (L.b.trans ? c0 * L.b.ld : c0);
     int64_t oc = call.oc + r0 * L.ldc + c0;
     blas_gemm(out.dtype, L.a.trans, L.b.trans, r1 - r0, c1 - c0, L.k, a + oa * elem, L.a.ld,
-              b + ob * elem, L.b.ld, call.accumulate, c + oc * elem, L.ldc);
+              b + ob * elem, L.b.ld, call.accumulate || g.sum != nullptr, c + oc * elem, L.ldc);
   };
   const int64_t threads = thread_pool().size();
   const int64_t work = L.m * L.n * L.k;

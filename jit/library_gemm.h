@@ -11,10 +11,15 @@ namespace kiln::jit {
 
 /// A recognised batched matrix product out[b] = A[b] @ B[b] (row-major, broadcast batches).
 struct GemmMatch {
-  Node* reduce = nullptr;            ///< the reindex_reduce that becomes the library call
-  std::vector<Node*> absorbed;       ///< the reindexes and the multiply it replaces
-  Node* a = nullptr;                 ///< left operand (must be materialized)
-  Node* b = nullptr;                 ///< right operand (must be materialized)
+  Node* reduce = nullptr;       ///< the reindex_reduce that becomes the library call
+  std::vector<Node*> absorbed;  ///< the reindexes and the multiply it replaces
+  Node* a = nullptr;            ///< left operand (must be materialized)
+  Node* b = nullptr;            ///< right operand (must be materialized)
+  /// Accumulation (CPU): `sum` = add(`accumulate`, product) is computed as the product added
+  /// to a copy of `accumulate` (BLAS beta = 1), in place when the memory plan hands the
+  /// group that value's buffer. Both null for a plain product, whose result is `reduce`.
+  Node* accumulate = nullptr;
+  Node* sum = nullptr;
 };
 
 /// True when kiln was built with a BLAS.
@@ -23,7 +28,15 @@ bool have_blas();
 /// says whether a pending node has exactly one consumer and is not an output, so that
 /// absorbing it into the library call loses no value anyone needs.
 bool match_gemm(Node* reduce, const std::function<bool(Node*)>& single_use, GemmMatch* match);
-/// Computes match.reduce's value from the buffers of match.a and match.b.
+/// Matches `sum` (a pending add) against add(P, product) for a GEMM `product` in `gemms`
+/// that only the add reads, on the CPU, where P is materialized anyway (`stored`): a
+/// gradient summed over steps then accumulates into one buffer instead of keeping the
+/// terms of a fused sum alive together. Fills match->accumulate and match->sum.
+bool match_accumulate(Node* sum, const std::function<bool(Node*)>& single_use,
+                      const std::function<const GemmMatch*(Node*)>& gemm_of,
+                      const std::function<bool(Node*)>& stored, GemmMatch* match);
+/// Computes match.reduce's value (match.sum's, for an accumulation) from the buffers of
+/// match.a and match.b (and match.accumulate).
 void run_gemm(const GemmMatch& match);
 
 }  // namespace kiln::jit

@@ -77,7 +77,7 @@ void assign_in_place(StepTables& t, const Schedule& groups) {
     for (int v : t.graph.kernels[k].inputs) last_read[static_cast<size_t>(v)] = static_cast<int>(k);
   for (size_t k = 0; k < groups.size(); ++k) {
     const FusionGroup& g = *groups[k];
-    if (g.library || g.root->op == OpCode::Transfer) continue;
+    if ((g.library && !g.gemm.sum) || g.root->op == OpCode::Transfer) continue;
     for (int v : t.graph.kernels[k].inputs) {
       const PlanValue& pv = t.graph.values[static_cast<size_t>(v)];
       Node* n = t.nodes[static_cast<size_t>(v)];
@@ -411,8 +411,11 @@ void remember_times(uint64_t key, const std::vector<double>& seconds,
 
 bool reads_at_output_index(const FusionGroup& group, const Node* input) {
   const Node* root = group.root;
-  if (group.library || op_family(root->op) != OpFamily::Elementwise ||
-      input->shape != root->shape || input->nbytes() != root->nbytes())
+  // An accumulation adds the product into its input element by element.
+  if (group.library)
+    return group.gemm.sum && input == group.gemm.accumulate && input->nbytes() == root->nbytes();
+  if (op_family(root->op) != OpFamily::Elementwise || input->shape != root->shape ||
+      input->nbytes() != root->nbytes())
     return false;
   // Any read through a reindex or a reduction may be at another element: none of those
   // members may reach the input.

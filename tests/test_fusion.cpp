@@ -1,14 +1,17 @@
 // Kernel counts for known patterns, and that fused results agree with the reference
 // evaluator. Inputs are evaluated first so that only the pattern itself is counted.
 #include <catch2/catch.hpp>
-
 #include <cmath>
+#include <vector>
 
 #include "frontend/kiln.h"
 #include "jit/executor.h"
 #include "jit/kernel_cache.h"
 #include "jit/kernel_ir.h"
 #include "jit/library_gemm.h"
+#include "memory/caching_pool.h"
+#include "memory/host_pool.h"
+#include "memory/plan_report.h"
 
 using namespace kiln;
 
@@ -60,7 +63,8 @@ TEST_CASE("a 6-op elementwise chain is one kernel", "[fusion]") {
   Generator g(12);
   Tensor a = ready(randn({1000}, DType::Float32, g));
   Tensor b = ready(rand({1000}, DType::Float32, g));
-  jit::EvalStats s = check_against_reference([&] { return exp(((a * b + 1.0f) * 0.5f - a) / (b + 2.0f)); });
+  jit::EvalStats s =
+      check_against_reference([&] { return exp(((a * b + 1.0f) * 0.5f - a) / (b + 2.0f)); });
   CHECK(s.kernels == 1);
 }
 
@@ -95,6 +99,89 @@ TEST_CASE("float32 matmul runs as a library GEMM", "[fusion][matmul]") {
   Tensor ib = ready(randint(-5, 5, {6, 3}, g));
   jit::EvalStats si = check_against_reference([&] { return matmul(ia, ib); });
   CHECK(si.library_calls == 0);
+}
+
+TEST_CASE("a sum of matmuls accumulates into one buffer", "[fusion][matmul]") {
+  if (!jit::have_blas()) {
+    WARN("kiln built without OpenBLAS: no library GEMM to accumulate with");
+    return;
+  }
+  JitScope scope;
+  Generator g(16);
+  // Weight-gradient-like terms x_i^T y_i ([32, 64]^T [32, 48]), summed left to right as
+  // autograd sums a shared weight's gradient, in float32 and float64, plus one sum into an
+  // evaluated tensor.
+  for (DType dtype : {DType::Float32, DType::Float64}) {
+    std::vector<Tensor> xs, ys;
+    for (int i = 0; i < 12; ++i) {
+      xs.push_back(ready(randn({32, 64}, dtype, g)));
+      ys.push_back(ready(randn({32, 48}, dtype, g)));
+    }
+    jit::EvalStats s = check_against_reference([&] {
+      Tensor total = matmul(transpose(xs[0], 0, 1), ys[0]);
+      for (size_t i = 1; i < xs.size(); ++i) total = total + matmul(transpose(xs[i], 0, 1), ys[i]);
+      return total;
+    });
+    CHECK(s.library_calls == 12);
+    CHECK(s.kernels == 0);  // no add kernel: every product adds into the running total
+  }
+  Tensor a = ready(randn({20, 30}, DType::Float32, g));
+  Tensor b = ready(randn({30, 10}, DType::Float32, g));
+  Tensor c = ready(randn({20, 10}, DType::Float32, g));
+  const std::vector<float> c_before = c.to_vector<float>();
+  jit::EvalStats s = check_against_reference([&] { return c + matmul(a, b); });
+  CHECK(s.library_calls == 1);
+  CHECK(s.kernels == 0);
+  CHECK(c.to_vector<float>() == c_before);  // added into a copy: c itself is unchanged
+  // A bias broadcast is not stored anyway: it stays a fused add after the product.
+  Tensor bias = ready(randn({10}, DType::Float32, g));
+  jit::EvalStats sb = check_against_reference([&] { return matmul(a, b) + bias; });
+  CHECK(sb.library_calls == 1);
+  CHECK(sb.kernels == 1);
+}
+
+TEST_CASE("an accumulated sum of products holds one running total", "[fusion][matmul][plan]") {
+  if (!jit::have_blas()) {
+    WARN("kiln built without OpenBLAS: no library GEMM to accumulate with");
+    return;
+  }
+  JitScope scope;
+  Generator g(17);
+  std::vector<Tensor> xs, ys;
+  for (int i = 0; i < 16; ++i) {
+    xs.push_back(ready(randn({32, 256}, DType::Float32, g)));
+    ys.push_back(ready(randn({32, 256}, DType::Float32, g)));
+  }
+  auto& pool = memory::host_pool();
+  const size_t start = pool.allocated();
+  pool.reset_peak_stats();
+  Tensor total = matmul(transpose(xs[0], 0, 1), ys[0]);
+  for (size_t i = 1; i < xs.size(); ++i) total = total + matmul(transpose(xs[i], 0, 1), ys[i]);
+  total.eval();
+  // Each term is 256 KiB; summed by fused adds of 8 terms, 8 would be alive at once. The
+  // accumulation writes into the running total (in place), so the step needs the total
+  // and nothing else.
+  const size_t term = 256 * 256 * sizeof(float);
+  const size_t used = pool.stats().peak_allocated - start;
+  INFO("peak above the start: " << used << " bytes; " << memory::plan_report());
+  CHECK(used <= term + term / 2);
+  CHECK(memory::last_plan().in_place >= 14);
+  // The same sum, element by element, in float64.
+  std::vector<double> want(256 * 256, 0.0);
+  for (size_t i = 0; i < xs.size(); ++i) {
+    std::vector<float> x = xs[i].to_vector<float>(), y = ys[i].to_vector<float>();
+    for (int r = 0; r < 32; ++r)
+      for (int p = 0; p < 256; ++p)
+        for (int q = 0; q < 256; ++q)
+          want[static_cast<size_t>(p * 256 + q)] +=
+              static_cast<double>(x[static_cast<size_t>(r * 256 + p)]) *
+              static_cast<double>(y[static_cast<size_t>(r * 256 + q)]);
+  }
+  std::vector<float> got = total.to_vector<float>();
+  size_t bad = 0;
+  for (size_t i = 0; i < got.size(); ++i)
+    bad += std::fabs(got[i] - want[i]) > 1e-3 + 1e-4 * std::fabs(want[i]);
+  CHECK(bad == 0);
 }
 
 TEST_CASE("changing the batch size compiles nothing", "[fusion][cache]") {

@@ -187,11 +187,11 @@ bool same_bits(double a, double b) { return std::memcmp(&a, &b, sizeof a) == 0; 
 
 TEST_CASE("budgeted training steps are bit-identical and stay within the budget", "[plan]") {
   BudgetGuard guard;
-  // The fractions the planner reaches on each model today (docs/memory.md, "Known limits"):
-  // on this small LSTM the smallest budget that fits is about 0.75 of its releasable bytes
-  // (a kernel summing 8 gradient terms alone needs 576 KiB of its 1.5 MB).
+  // The fractions the planner reaches on each model today (docs/memory.md, "Known limits").
+  // This MLP keeps its gradients (1.6 MB of the 3.7 MB the step adds), which leaves too
+  // little to release for 0.2.
   const std::vector<std::pair<const char*, std::vector<double>>> cases{
-      {"mlp", {0.5, 0.33}}, {"lstm", {0.8}}, {"transformer", {0.5, 0.33, 0.2}}};
+      {"mlp", {0.5, 0.33}}, {"lstm", {0.8, 0.5, 0.33, 0.2}}, {"transformer", {0.5, 0.33, 0.2}}};
   for (const auto& [kind, fractions] : cases) {
     const Reference ref = reference(kind);
     REQUIRE(ref.step_bytes > 0);
