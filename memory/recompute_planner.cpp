@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <limits>
+#include <set>
 
 namespace kiln::memory {
 namespace {
@@ -25,6 +26,7 @@ class Engine {
     resident_.assign(nv, 0);
     lock_.assign(nv, 0);
     pos_.assign(nv, -1);
+    next_.assign(nv, kNever);
     kstamp_.assign(g.kernels.size(), 0);
     horizon_.assign(nv, kNever);
     for (size_t v = 0; v < nv; ++v)
@@ -99,6 +101,7 @@ class Engine {
       }
       if (!execute(p_, false, in_place) && !machine_) return finish();
       for (int in : k.inputs) --lock_[static_cast<size_t>(in)];
+      for (int in : k.inputs) refresh_next(in);
       for (int in : k.inputs) after_read(in);
       after_read(k.output);
     }
@@ -123,10 +126,15 @@ class Engine {
     return pv.producer >= 0 && !pv.output && pv.bytes > 0 &&
            g_.kernels[static_cast<size_t>(pv.producer)].recomputable;
   }
+  // Candidates are kept twice: in a vector (random draws) and ordered by their next use
+  // (the furthest ones), so that picking a victim never scans every resident value. A
+  // value's next use only changes when the schedule reads it (refresh_next).
   void add_candidate(int v) {
     if (!evictable(v) || pos_[static_cast<size_t>(v)] >= 0) return;
     pos_[static_cast<size_t>(v)] = static_cast<int>(cand_.size());
     cand_.push_back(v);
+    next_[static_cast<size_t>(v)] = next_use(v, p_);
+    by_next_.insert({next_[static_cast<size_t>(v)], v});
   }
   void remove_candidate(int v) {
     int at = pos_[static_cast<size_t>(v)];
@@ -136,6 +144,16 @@ class Engine {
     pos_[static_cast<size_t>(last)] = at;
     cand_.pop_back();
     pos_[static_cast<size_t>(v)] = -1;
+    by_next_.erase({next_[static_cast<size_t>(v)], v});
+  }
+  // Kernel p_ has read v: its next use moves on.
+  void refresh_next(int v) {
+    if (pos_[static_cast<size_t>(v)] < 0) return;
+    const int next = next_use(v, p_ + 1);
+    if (next == next_[static_cast<size_t>(v)]) return;
+    by_next_.erase({next_[static_cast<size_t>(v)], v});
+    next_[static_cast<size_t>(v)] = next;
+    by_next_.insert({next, v});
   }
 
   void release(int v, bool evict) {
@@ -216,32 +234,54 @@ class Engine {
 
   int pick_from(bool sampled) {
     sample_.clear();
-    for (int v : cand_)
-      if (lock_[static_cast<size_t>(v)] == 0) sample_.push_back({next_use(v, p_), v});
-    const size_t want =
-        static_cast<size_t>(std::max(o_.sample_furthest, 1) + std::max(o_.sample_random, 0));
-    truncated_ = sampled && sample_.size() > want;
-    if (truncated_) {
-      const size_t far = static_cast<size_t>(std::max(o_.sample_furthest, 1));
-      std::nth_element(sample_.begin(), sample_.begin() + static_cast<long>(far), sample_.end(),
-                       [](const auto& a, const auto& b) { return a.first > b.first; });
-      for (size_t i = far; i < want; ++i) {
-        size_t j = i + static_cast<size_t>(next_random() % (sample_.size() - i));
-        std::swap(sample_[i], sample_[j]);
+    const size_t far = static_cast<size_t>(std::max(o_.sample_furthest, 1));
+    const size_t want = far + static_cast<size_t>(std::max(o_.sample_random, 0));
+    truncated_ = false;
+    if (sampled && cand_.size() > want) {
+      // The furthest next uses, from the ordered index ...
+      for (auto it = by_next_.rbegin(); it != by_next_.rend() && sample_.size() < far; ++it)
+        if (lock_[static_cast<size_t>(it->second)] == 0) sample_.push_back(*it);
+      // ... and random others (a value drawn twice is scored twice: harmless).
+      const size_t draws = want - far;
+      for (size_t i = 0; i < draws * 2 && sample_.size() < want; ++i) {
+        const int v = cand_[static_cast<size_t>(next_random() % cand_.size())];
+        if (lock_[static_cast<size_t>(v)] == 0)
+          sample_.push_back({next_[static_cast<size_t>(v)], v});
       }
-      sample_.resize(want);
+      truncated_ = true;
+    } else {
+      for (int v : cand_)
+        if (lock_[static_cast<size_t>(v)] == 0)
+          sample_.push_back({next_[static_cast<size_t>(v)], v});
     }
+    // Score in the order of a lower bound (the producer's own cost): the first walks set a
+    // tight limit, later ones stop as soon as they pass it, and once the bound alone loses
+    // nothing further can win. Walking every long recurrence chain in full cost more than
+    // planning everything else.
+    ranked_.clear();
+    for (auto [next, v] : sample_) {
+      if (next != kNever && next > horizon_[static_cast<size_t>(v)]) continue;
+      const size_t bytes = g_.values[static_cast<size_t>(v)].bytes;
+      const double span = static_cast<double>(bytes) * static_cast<double>(next - p_ + 1);
+      const double own =
+          g_.kernels[static_cast<size_t>(g_.values[static_cast<size_t>(v)].producer)].cost;
+      ranked_.push_back({next == kNever ? -1.0 : own / span, next, v});
+    }
+    std::sort(ranked_.begin(), ranked_.end(), [](const Ranked& a, const Ranked& b) {
+      return a.bound < b.bound || (a.bound == b.bound && a.v < b.v);
+    });
     int best = -1;
     double best_score = kUnrebuildable;
     size_t best_bytes = 0;
-    for (auto [next, v] : sample_) {
+    for (const Ranked& r : ranked_) {
+      if (r.bound > best_score) break;
+      const int v = r.v;
       const size_t bytes = g_.values[static_cast<size_t>(v)].bytes;
       double score;
-      if (next == kNever) {
+      if (r.next == kNever) {
         score = -1;  // read by nothing ahead: releasing it costs nothing
       } else {
-        if (next > horizon_[static_cast<size_t>(v)]) continue;
-        const double span = static_cast<double>(bytes) * static_cast<double>(next - p_ + 1);
+        const double span = static_cast<double>(bytes) * static_cast<double>(r.next - p_ + 1);
         double cost = rebuild_cost(v, best < 0 ? kUnrebuildable : best_score * span);
         if (cost == kUnrebuildable) continue;
         score = cost / span;
@@ -385,11 +425,17 @@ class Engine {
   uint64_t rng_;
   std::vector<std::vector<int>> uses_;
   std::vector<char> resident_;
-  std::vector<int> lock_, pos_, cand_, horizon_, stack_, missing_, temps_;
+  std::vector<int> lock_, pos_, cand_, next_, horizon_, stack_, missing_, temps_;
+  std::set<std::pair<int, int>> by_next_;  // (next use, value) of the candidates
   std::vector<uint32_t> kstamp_;
   uint32_t stamp_ = 0;
   bool truncated_ = false;
   std::vector<std::pair<int, int>> sample_;
+  struct Ranked {
+    double bound;
+    int next, v;
+  };
+  std::vector<Ranked> ranked_;
   size_t cur_ = 0, peak_ = 0;
   int p_ = 0;
   StepPlan plan_;
