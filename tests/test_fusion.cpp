@@ -48,6 +48,23 @@ Tensor ready(Tensor t) {
   return t;
 }
 
+// Evaluated operands for n products x_i^T y_i (x_i [rows, m], y_i [rows, n]) and the sum of
+// those products as autograd builds a shared weight's gradient: left to right.
+struct Products {
+  std::vector<Tensor> xs, ys;
+  Products(Generator& g, int count, int64_t rows, int64_t m, int64_t n, DType dtype) {
+    for (int i = 0; i < count; ++i) {
+      xs.push_back(ready(randn({rows, m}, dtype, g)));
+      ys.push_back(ready(randn({rows, n}, dtype, g)));
+    }
+  }
+  Tensor sum() const {
+    Tensor total = matmul(transpose(xs[0], 0, 1), ys[0]);
+    for (size_t i = 1; i < xs.size(); ++i) total = total + matmul(transpose(xs[i], 0, 1), ys[i]);
+    return total;
+  }
+};
+
 }  // namespace
 
 TEST_CASE("relu(a*b+c).sum() is one kernel", "[fusion]") {
@@ -112,16 +129,8 @@ TEST_CASE("a sum of matmuls accumulates into one buffer", "[fusion][matmul]") {
   // autograd sums a shared weight's gradient, in float32 and float64, plus one sum into an
   // evaluated tensor.
   for (DType dtype : {DType::Float32, DType::Float64}) {
-    std::vector<Tensor> xs, ys;
-    for (int i = 0; i < 12; ++i) {
-      xs.push_back(ready(randn({32, 64}, dtype, g)));
-      ys.push_back(ready(randn({32, 48}, dtype, g)));
-    }
-    jit::EvalStats s = check_against_reference([&] {
-      Tensor total = matmul(transpose(xs[0], 0, 1), ys[0]);
-      for (size_t i = 1; i < xs.size(); ++i) total = total + matmul(transpose(xs[i], 0, 1), ys[i]);
-      return total;
-    });
+    const Products products(g, 12, 32, 64, 48, dtype);
+    jit::EvalStats s = check_against_reference([&] { return products.sum(); });
     CHECK(s.library_calls == 12);
     CHECK(s.kernels == 0);  // no add kernel: every product adds into the running total
   }
@@ -147,16 +156,12 @@ TEST_CASE("an accumulated sum of products holds one running total", "[fusion][ma
   }
   JitScope scope;
   Generator g(17);
-  std::vector<Tensor> xs, ys;
-  for (int i = 0; i < 16; ++i) {
-    xs.push_back(ready(randn({32, 256}, DType::Float32, g)));
-    ys.push_back(ready(randn({32, 256}, DType::Float32, g)));
-  }
+  const Products products(g, 16, 32, 256, 256, DType::Float32);
+  const std::vector<Tensor>&xs = products.xs, &ys = products.ys;
   auto& pool = memory::host_pool();
   const size_t start = pool.allocated();
   pool.reset_peak_stats();
-  Tensor total = matmul(transpose(xs[0], 0, 1), ys[0]);
-  for (size_t i = 1; i < xs.size(); ++i) total = total + matmul(transpose(xs[i], 0, 1), ys[i]);
+  Tensor total = products.sum();
   total.eval();
   // Each term is 256 KiB; summed by fused adds of 8 terms, 8 would be alive at once. The
   // accumulation writes into the running total (in place), so the step needs the total
