@@ -87,10 +87,10 @@ FusionPlan fuse(const std::vector<Node*>& schedule, const std::unordered_set<Nod
     }
   }
 
+  auto single_use = [&](Node* n) { return consumers[n] == 1 && !outputs.count(n); };
   std::unordered_map<Node*, GemmMatch> gemms;
   std::unordered_set<Node*> absorbed;
   if (!no_fusion && !pass_disabled("LIBRARY")) {
-    auto single_use = [&](Node* n) { return consumers[n] == 1 && !outputs.count(n); };
     for (Node* n : schedule) {
       GemmMatch m;
       if (n->op == OpCode::ReindexReduce && match_gemm(n, single_use, &m)) {
@@ -108,7 +108,6 @@ FusionPlan fuse(const std::vector<Node*>& schedule, const std::unordered_set<Nod
   std::unordered_map<Node*, GemmMatch> accumulations;  // by the add
   std::unordered_set<Node*> accumulated;               // products absorbed into an add
   if (!no_fusion && !pass_disabled("LIBRARY") && !pass_disabled("ACCUMULATE")) {
-    auto single_use = [&](Node* n) { return consumers[n] == 1 && !outputs.count(n); };
     auto gemm_of = [&](Node* n) -> const GemmMatch* {
       auto it = gemms.find(n);
       return it == gemms.end() || accumulated.count(n) ? nullptr : &it->second;

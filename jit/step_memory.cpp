@@ -77,7 +77,7 @@ void assign_in_place(StepTables& t, const Schedule& groups) {
     for (int v : t.graph.kernels[k].inputs) last_read[static_cast<size_t>(v)] = static_cast<int>(k);
   for (size_t k = 0; k < groups.size(); ++k) {
     const FusionGroup& g = *groups[k];
-    if ((g.library && !g.gemm.sum) || g.root->op == OpCode::Transfer) continue;
+    if (g.root->op == OpCode::Transfer) continue;
     for (int v : t.graph.kernels[k].inputs) {
       const PlanValue& pv = t.graph.values[static_cast<size_t>(v)];
       Node* n = t.nodes[static_cast<size_t>(v)];
@@ -458,8 +458,6 @@ void run_with_memory_plan(const FusionPlan& plan, const std::unordered_set<Node*
     for (const FusionGroup* g : groups) file.kernel_names.push_back(kernel_name(*g));
     memory::save_step_graph(file, dump);
   }
-  const Schedule given_groups = options.budget > 0 ? groups : Schedule{};
-  const memory::StepGraph given_graph = options.budget > 0 ? t.graph : memory::StepGraph{};
   std::vector<int> perm;
   auto run_in = [&](memory::ScheduleOrder o) {
     perm = memory::schedule_order(t.graph, o, tail);
@@ -476,9 +474,16 @@ void run_with_memory_plan(const FusionPlan& plan, const std::unordered_set<Node*
     simulated = memory::plan_step(t.graph, planned);
     if (!simulated.feasible) {
       // Near the floor an order chosen with earlier costs may no longer fit with today's
-      // measured ones: choose again before refusing.
-      groups = given_groups;
-      t.graph = given_graph;
+      // measured ones: back to the given order, and choose again before refusing.
+      if (order != memory::ScheduleOrder::Given) {
+        std::vector<int> back(perm.size());
+        for (size_t i = 0; i < perm.size(); ++i)
+          back[static_cast<size_t>(perm[i])] = static_cast<int>(i);
+        Schedule given(groups.size());
+        for (size_t i = 0; i < perm.size(); ++i) given[static_cast<size_t>(perm[i])] = groups[i];
+        groups = std::move(given);
+        reorder_tables(t, groups, back);
+      }
       order = profile_and_order(key, t.graph, planned, tail, true);
       run_in(order);
       simulated = memory::plan_step(t.graph, planned);

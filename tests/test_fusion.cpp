@@ -48,6 +48,12 @@ Tensor ready(Tensor t) {
   return t;
 }
 
+// Accumulation needs the library GEMM: without OpenBLAS there is nothing to test.
+bool have_blas_or_warn() {
+  if (!jit::have_blas()) WARN("kiln built without OpenBLAS: no library GEMM to accumulate with");
+  return jit::have_blas();
+}
+
 // Evaluated operands for n products x_i^T y_i (x_i [rows, m], y_i [rows, n]) and the sum of
 // those products as autograd builds a shared weight's gradient: left to right.
 struct Products {
@@ -119,10 +125,7 @@ TEST_CASE("float32 matmul runs as a library GEMM", "[fusion][matmul]") {
 }
 
 TEST_CASE("a sum of matmuls accumulates into one buffer", "[fusion][matmul]") {
-  if (!jit::have_blas()) {
-    WARN("kiln built without OpenBLAS: no library GEMM to accumulate with");
-    return;
-  }
+  if (!have_blas_or_warn()) return;
   JitScope scope;
   Generator g(16);
   // Weight-gradient-like terms x_i^T y_i ([32, 64]^T [32, 48]), summed left to right as
@@ -150,10 +153,7 @@ TEST_CASE("a sum of matmuls accumulates into one buffer", "[fusion][matmul]") {
 }
 
 TEST_CASE("an accumulated sum of products holds one running total", "[fusion][matmul][plan]") {
-  if (!jit::have_blas()) {
-    WARN("kiln built without OpenBLAS: no library GEMM to accumulate with");
-    return;
-  }
+  if (!have_blas_or_warn()) return;
   JitScope scope;
   Generator g(17);
   const Products products(g, 16, 32, 256, 256, DType::Float32);

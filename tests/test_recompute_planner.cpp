@@ -27,15 +27,24 @@
 #include "memory/schedule_order.h"
 #include "memory/step_graph_file.h"
 
+using kiln::memory::all_orders;
+using kiln::memory::choose_schedule_order;
 using kiln::memory::execute_step;
+using kiln::memory::load_step_graph;
 using kiln::memory::lower_bound;
+using kiln::memory::order_name;
 using kiln::memory::plan_step;
 using kiln::memory::PlanAction;
 using kiln::memory::PlanKernel;
 using kiln::memory::PlannerOptions;
 using kiln::memory::PlanValue;
+using kiln::memory::reorder;
+using kiln::memory::save_step_graph;
+using kiln::memory::schedule_order;
+using kiln::memory::ScheduleOrder;
 using kiln::memory::smallest_feasible_budget;
 using kiln::memory::StepGraph;
+using kiln::memory::StepGraphFile;
 using kiln::memory::StepMachine;
 using kiln::memory::StepPlan;
 using Kind = kiln::memory::PlanAction::Kind;
@@ -1338,10 +1347,6 @@ std::string check_order(const StepGraph& g, const std::vector<int>& perm, size_t
 }  // namespace
 
 TEST_CASE("planner kernel orders of random steps are topological and plan soundly", "[planner]") {
-  using kiln::memory::all_orders;
-  using kiln::memory::order_name;
-  using kiln::memory::reorder;
-  using kiln::memory::schedule_order;
   std::mt19937_64 rng(7);
   StepShape shape;
   shape.unread_donated = true;
@@ -1370,8 +1375,6 @@ TEST_CASE("planner kernel orders of random steps are topological and plan soundl
 }
 
 TEST_CASE("planner order choice never does worse than the given order", "[planner]") {
-  using kiln::memory::choose_schedule_order;
-  using kiln::memory::ScheduleOrder;
   std::mt19937_64 rng(8);
   StepShape shape;
   shape.non_recomputable = false;
@@ -1391,7 +1394,7 @@ TEST_CASE("planner order choice never does worse than the given order", "[planne
       CHECK(choice.plan.extra_cost <= tight.extra_cost);
     }
     if (choice.plan.feasible) {
-      const StepGraph h = kiln::memory::reorder(g, choice.perm);
+      const StepGraph h = reorder(g, choice.perm);
       CHECK(replay(h, choice.plan, o.budget).error == "");
     }
   }
@@ -1401,10 +1404,6 @@ TEST_CASE("planner order choice never does worse than the given order", "[planne
 // reading the sinks. As given (depth-first) every x is alive at once; running s_i as soon
 // as it frees x_i keeps at most two alive.
 TEST_CASE("planner kernel orders have the hand-derived peaks", "[planner]") {
-  using kiln::memory::choose_schedule_order;
-  using kiln::memory::reorder;
-  using kiln::memory::schedule_order;
-  using kiln::memory::ScheduleOrder;
   Builder b;
   const int l = b.leaf(1);
   const int x1 = b.op({l}, 10), x2 = b.op({x1}, 10), x3 = b.op({x2}, 10);
@@ -1440,9 +1439,6 @@ TEST_CASE("planner kernel orders have the hand-derived peaks", "[planner]") {
 }
 
 TEST_CASE("planner step graphs survive a round trip through a file", "[planner]") {
-  using kiln::memory::load_step_graph;
-  using kiln::memory::save_step_graph;
-  using kiln::memory::StepGraphFile;
   std::mt19937_64 rng(9);
   StepShape shape;
   shape.regions = true;
