@@ -1,5 +1,6 @@
 #include "node.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
@@ -116,6 +117,12 @@ std::vector<NodePtr> overlapping_held(const std::unordered_set<Node*>& scheduled
       clear.insert(seen.begin(), seen.end());
     }
   }
+  // In creation order, not the set's (which follows addresses): the held values are roots
+  // of the evaluation, and their order is the schedule's, so a training loop's steps must
+  // see them in the same order to be recognised as the same step (memory plans are reused
+  // by the step's tables) and to run their kernels in the same order.
+  std::sort(extra.begin(), extra.end(),
+            [](const NodePtr& a, const NodePtr& b) { return a->id < b->id; });
   return extra;
 }
 
