@@ -70,6 +70,13 @@ Buffer::Buffer(size_t bytes, Device device)
   }
 }
 
+Buffer::Buffer(void* data, size_t bytes, Allocator& allocator)
+    : data_(data),
+      bytes_(bytes),
+      device_(Device::cpu()),
+      allocator_(&allocator),
+      device_memory_(nullptr) {}
+
 Buffer::~Buffer() {
   if (allocator_ != nullptr) {
     allocator_->deallocate(data_);

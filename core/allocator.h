@@ -66,6 +66,9 @@ class Buffer {
   /// Allocates `bytes` on `device` from its registered memory. For a CUDA device without a
   /// driver this throws the driver's DeviceError.
   Buffer(size_t bytes, Device device);
+  /// Adopts `bytes` of host memory that `allocator` handed out (a part of a planned arena);
+  /// the buffer returns it to `allocator` on destruction.
+  Buffer(void* data, size_t bytes, Allocator& allocator);
   ~Buffer();
   Buffer(const Buffer&) = delete;
   Buffer& operator=(const Buffer&) = delete;

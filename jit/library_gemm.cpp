@@ -528,13 +528,12 @@ void run_gemm(const GemmMatch& g) {
   if (!gemm_layout(*g.reduce, &L))
     throw ValueError("[matmul] the library GEMM no longer matches its plan");
   const auto elem = static_cast<int64_t>(itemsize(out.dtype));
-  std::shared_ptr<Buffer> buffer;
-  if (g.sum && out.buffer) {
-    buffer = out.buffer;  // the memory plan handed over the accumulated value's buffer
-  } else {
-    buffer = std::make_shared<Buffer>(out.nbytes(), out.device);
-    if (g.sum) std::memcpy(buffer->data(), g.accumulate->buffer->data(), out.nbytes());
-  }
+  // The memory plan may have handed the result a buffer: the accumulated value's own (in
+  // place), or a planned place in its arena.
+  std::shared_ptr<Buffer> buffer =
+      out.buffer ? out.buffer : std::make_shared<Buffer>(out.nbytes(), out.device);
+  if (g.sum && buffer != g.accumulate->buffer)
+    std::memcpy(buffer->data(), g.accumulate->buffer->data(), out.nbytes());
   char* c = static_cast<char*>(buffer->data());
   if (L.k == 0 && !g.sum) std::memset(c, 0, out.nbytes());
   const auto [left, right, base_a, base_b] = operands_of(g, L);

@@ -2,12 +2,15 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <mutex>
 #include <unordered_map>
 
 #include "../core/error.h"
+#include "../memory/arena_plan.h"
 #include "../memory/budget.h"
 #include "../memory/caching_pool.h"
 #include "../memory/device_pools.h"
@@ -178,14 +181,19 @@ void reorder_tables(StepTables& t, const Schedule& groups, const std::vector<int
 // Runs the planner's actions on the real nodes and records what happened.
 class JitMachine final : public memory::StepMachine {
  public:
-  JitMachine(const Schedule& groups, const StepTables& t, const GroupRunner& run, bool record)
+  // `arena`, when given, places outputs at `plan`'s offsets in the arena at that base.
+  JitMachine(const Schedule& groups, const StepTables& t, const GroupRunner& run, bool record,
+             const memory::ArenaPlan* plan = nullptr, void* arena = nullptr)
       : groups_(groups),
         t_(t),
         run_(run),
         pool_(pool_of(t.device)),
         record_(record),
+        arena_plan_(plan),
+        arena_(arena),
         evictions_(t.nodes.size(), 0),
         rebuilds_(t.nodes.size(), 0),
+        runs_(t.graph.kernels.size(), 0),
         seconds_(t.graph.kernels.size(), -1.0) {}
 
   size_t in_use() override { return pool_.allocated(); }
@@ -204,11 +212,13 @@ class JitMachine final : public memory::StepMachine {
       g.root->buffer = donor->buffer;  // the donor still reads it during the kernel
       reused = true;
     }
+    const bool placed = !reused && place_in_arena(k, g);
+    ++runs_[static_cast<size_t>(k)];
     const double start = us();
     try {
       run_(g);
     } catch (...) {
-      if (reused) g.root->buffer.reset();
+      if (reused || placed) g.root->buffer.reset();
       throw;
     }
     if (reused) in_place_kernels_.push_back(k);
@@ -251,14 +261,37 @@ class JitMachine final : public memory::StepMachine {
     return std::chrono::duration<double, std::micro>(Clock::now() - begin_).count();
   }
 
+  // Gives the output of this run of kernel `k` its planned place in the arena; false when it
+  // has none or the place is still taken (the run then allocates from the pool).
+  bool place_in_arena(int k, const FusionGroup& g) {
+    if (arena_ == nullptr || g.root->buffer || g.root->op == OpCode::Transfer ||
+        g.root->device != t_.device)
+      return false;
+    const int64_t offset = arena_plan_->offset(k, runs_[static_cast<size_t>(k)]);
+    if (offset < 0) return false;
+    const size_t bytes = g.root->nbytes();
+    void* p = pool_.allocate_in_arena(arena_, static_cast<size_t>(offset), bytes);
+    if (p == nullptr) {
+      ++arena_misses_;
+      return false;
+    }
+    g.root->buffer = std::make_shared<Buffer>(p, bytes, pool_);
+    ++arena_values_;
+    return true;
+  }
+
   const Schedule& groups_;
   const StepTables& t_;
   const GroupRunner& run_;
   memory::CachingPool& pool_;
   bool record_;
+  const memory::ArenaPlan* arena_plan_;
+  void* arena_;
   Clock::time_point begin_ = Clock::now();
   std::vector<StepEvent> events_;
   std::vector<int> evictions_, rebuilds_;
+  std::vector<int> runs_;  // per kernel, runs so far (the index into the arena plan)
+  size_t arena_values_ = 0, arena_misses_ = 0;
   std::vector<double> seconds_;  // per kernel, its first run (compile time included)
   size_t in_place_ = 0, donated_ = 0, released_leaves_ = 0;
   std::vector<int> in_place_kernels_;
@@ -342,7 +375,18 @@ struct StepProfile {
   int measured = 0;             ///< Steps that contributed to `seconds`.
   int ordered_with = -1;        ///< `measured` when `order` was chosen (-1: not yet).
   memory::ScheduleOrder order = memory::ScheduleOrder::Given;
+  uint64_t arena_for = 0;  ///< Hash of the actions `arena` was planned for.
+  std::shared_ptr<const memory::ArenaPlan> arena;
+  /// The plan made once the costs stopped changing, and the kernel order it is for: the
+  /// same tables, costs and budget always give the same plan, so later steps reuse it.
+  std::shared_ptr<const memory::StepPlan> plan;
+  memory::ScheduleOrder plan_order = memory::ScheduleOrder::Given;
 };
+
+// Steps timed before the costs are final. Later steps are not timed, so their plans and
+// arena placements are made once and reused (a minimum over three runs is close enough:
+// the plan only needs to know which kernels are cheap).
+constexpr int kTimedSteps = 3;
 
 uint64_t tables_key(const memory::StepGraph& g, size_t budget, size_t tail) {
   uint64_t h = 0xcbf29ce484222325ULL;
@@ -367,9 +411,10 @@ std::unordered_map<uint64_t, StepProfile> g_profiles;
 
 // Puts measured costs into `g` (in the given order) and returns the kernel order to use,
 // choosing it again once the first two steps have been timed (the first includes compiling).
+// `settled` says whether the costs are final (kTimedSteps timed, or never timed).
 memory::ScheduleOrder profile_and_order(uint64_t key, memory::StepGraph& g,
                                         const memory::PlannerOptions& options, size_t tail,
-                                        bool choose_again = false) {
+                                        bool timed, bool* settled, bool choose_again = false) {
   StepProfile p;
   {
     std::lock_guard<std::mutex> lock(g_profiles_mutex);
@@ -377,6 +422,7 @@ memory::ScheduleOrder profile_and_order(uint64_t key, memory::StepGraph& g,
   }
   if (p.measured > 0 && p.seconds.size() == g.kernels.size())
     for (size_t k = 0; k < g.kernels.size(); ++k) g.kernels[k].cost = p.seconds[k];
+  *settled = !timed || (p.measured >= kTimedSteps && p.seconds.size() == g.kernels.size());
   if (!choose_again && p.ordered_with >= 0 && (p.ordered_with >= 2 || p.measured < 2))
     return p.order;
   const memory::ScheduleOrder order =
@@ -398,6 +444,7 @@ void remember_times(uint64_t key, const std::vector<double>& seconds,
   std::lock_guard<std::mutex> lock(g_profiles_mutex);
   StepProfile& p = g_profiles[key];
   if (p.seconds.size() != seconds.size()) p.seconds.assign(seconds.size(), -1.0), p.measured = 0;
+  if (p.measured >= kTimedSteps) return;
   for (size_t i = 0; i < seconds.size(); ++i) {
     if (seconds[i] < 0) continue;
     double& best = p.seconds[static_cast<size_t>(perm[i])];
@@ -405,6 +452,81 @@ void remember_times(uint64_t key, const std::vector<double>& seconds,
   }
   for (double& t : p.seconds) t = std::max(t, 1e-7);
   ++p.measured;
+}
+
+// The plan stored for these tables in `order`, or null.
+std::shared_ptr<const memory::StepPlan> stored_plan(uint64_t key, memory::ScheduleOrder order) {
+  std::lock_guard<std::mutex> lock(g_profiles_mutex);
+  auto it = g_profiles.find(key);
+  return it != g_profiles.end() && it->second.plan && it->second.plan_order == order
+             ? it->second.plan
+             : nullptr;
+}
+
+void store_plan(uint64_t key, memory::ScheduleOrder order, const memory::StepPlan& plan) {
+  auto stored = std::make_shared<const memory::StepPlan>(plan);
+  std::lock_guard<std::mutex> lock(g_profiles_mutex);
+  StepProfile& p = g_profiles[key];
+  p.plan = std::move(stored);
+  p.plan_order = order;
+}
+
+uint64_t actions_key(const std::vector<memory::PlanAction>& actions) {
+  uint64_t h = 0xcbf29ce484222325ULL;
+  for (const memory::PlanAction& a : actions)
+    h = (h ^ (static_cast<uint64_t>(a.id) << 8 | static_cast<uint64_t>(a.kind) << 1 |
+              static_cast<uint64_t>(a.in_place))) *
+        0x100000001b3ULL;
+  return h;
+}
+
+// The arena placement of a plan's values, planned once per step tables and plan: a
+// training loop repeats the same plan, and placing thousands of values takes milliseconds.
+std::shared_ptr<const memory::ArenaPlan> arena_for(uint64_t key, const StepTables& t,
+                                                   const std::vector<memory::PlanAction>& actions) {
+  const uint64_t plan_key = actions_key(actions);
+  {
+    std::lock_guard<std::mutex> lock(g_profiles_mutex);
+    if (auto it = g_profiles.find(key);
+        it != g_profiles.end() && it->second.arena && it->second.arena_for == plan_key)
+      return it->second.arena;
+  }
+  std::vector<size_t> bytes(t.nodes.size(), 0);
+  for (size_t v = 0; v < t.nodes.size(); ++v)
+    if (const Node* n = t.nodes[v]; n->device == t.device && n->nbytes() > 0)
+      bytes[v] = (n->nbytes() + 63) / 64 * 64;
+  auto plan =
+      std::make_shared<const memory::ArenaPlan>(memory::plan_arena(t.graph, actions, bytes));
+  std::lock_guard<std::mutex> lock(g_profiles_mutex);
+  StepProfile& p = g_profiles[key];
+  p.arena = plan;
+  p.arena_for = plan_key;
+  return plan;
+}
+
+// The arena of one step, handed back to the pool when the step ends (parts still held by
+// tensors return to the pool when those go).
+class OpenArena {
+ public:
+  OpenArena(memory::CachingPool& pool, size_t bytes)
+      : pool_(pool), base_(bytes > 0 ? pool.open_arena(bytes) : nullptr) {}
+  ~OpenArena() {
+    if (base_ != nullptr) pool_.close_arena(base_);
+  }
+  OpenArena(const OpenArena&) = delete;
+  OpenArena& operator=(const OpenArena&) = delete;
+  void* base() const { return base_; }
+
+ private:
+  memory::CachingPool& pool_;
+  void* base_;
+};
+
+// KILN_DISABLE_ARENA=1 gives every value a block of the pool's own choosing (read on every
+// step, so a program can compare both).
+bool arena_enabled() {
+  const char* v = std::getenv("KILN_DISABLE_ARENA");
+  return v == nullptr || *v == '\0' || *v == '0';
 }
 
 }  // namespace
@@ -451,7 +573,8 @@ void run_with_memory_plan(const FusionPlan& plan, const std::unordered_set<Node*
   // Kernels on a GPU run asynchronously: timing their launches would say nothing.
   const bool timed = !t.device.is_cuda();
   const uint64_t key = tables_key(t.graph, options.budget, tail);
-  memory::ScheduleOrder order = profile_and_order(key, t.graph, planned, tail);
+  bool settled = false;
+  memory::ScheduleOrder order = profile_and_order(key, t.graph, planned, tail, timed, &settled);
   // The tables as given, with the costs the planner uses.
   if (const std::string dump = memory::plan_dump_path(); !dump.empty()) {
     memory::StepGraphFile file{t.graph, {}, options.budget, tail};
@@ -469,8 +592,11 @@ void run_with_memory_plan(const FusionPlan& plan, const std::unordered_set<Node*
     reorder_tables(t, groups, perm);
   };
   run_in(order);
+  std::shared_ptr<const memory::StepPlan> reused = settled ? stored_plan(key, order) : nullptr;
   memory::StepPlan simulated;
-  if (options.budget > 0) {
+  if (options.budget > 0 && reused) {
+    simulated = *reused;
+  } else if (options.budget > 0) {
     simulated = memory::plan_step(t.graph, planned);
     if (!simulated.feasible) {
       // Near the floor an order chosen with earlier costs may no longer fit with today's
@@ -484,17 +610,30 @@ void run_with_memory_plan(const FusionPlan& plan, const std::unordered_set<Node*
         groups = std::move(given);
         reorder_tables(t, groups, back);
       }
-      order = profile_and_order(key, t.graph, planned, tail, true);
+      order = profile_and_order(key, t.graph, planned, tail, timed, &settled, true);
       run_in(order);
       simulated = memory::plan_step(t.graph, planned);
     }
     if (!simulated.feasible) raise_over_budget(t, groups, options, simulated, tail);
+    if (settled) store_plan(key, order, simulated);
+  }
+
+  // Offline placement (CPU): the plan says when every value is allocated and freed.
+  std::shared_ptr<const memory::ArenaPlan> arena_plan;
+  if (!t.device.is_cuda() && arena_enabled()) {
+    if (options.budget == 0 && !reused) {
+      simulated = memory::plan_step(t.graph, options);
+      if (settled) store_plan(key, order, simulated);
+    }
+    arena_plan =
+        arena_for(key, t, options.budget == 0 && reused ? reused->actions : simulated.actions);
   }
   const double planner_ms =
       std::chrono::duration<double, std::milli>(Clock::now() - planning_started).count();
 
   const bool record = memory::step_recording();
-  JitMachine machine(groups, t, run, record);
+  OpenArena arena(pool_of(t.device), arena_plan ? arena_plan->bytes : 0);
+  JitMachine machine(groups, t, run, record, arena_plan.get(), arena.base());
   memory::StepPlan done = memory::execute_step(t.graph, options, machine);
   if (timed) remember_times(key, machine.seconds_, perm);
 
@@ -520,7 +659,14 @@ void run_with_memory_plan(const FusionPlan& plan, const std::unordered_set<Node*
   s.base_cost = done.base_cost;
   s.extra_cost = done.extra_cost;
   s.planner_ms = planner_ms;
+  s.plan_reused = reused != nullptr;
   s.order = memory::order_name(order);
+  if (arena.base() != nullptr) {
+    s.arena_bytes = arena_plan->bytes;
+    s.arena_live_peak = arena_plan->live_peak;
+    s.arena_values = machine.arena_values_;
+    s.arena_misses = machine.arena_misses_;
+  }
   std::unordered_set<int> in_place(machine.in_place_kernels_.begin(),
                                    machine.in_place_kernels_.end());
   for (size_t v = 0; v < t.nodes.size(); ++v) {

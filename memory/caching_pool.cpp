@@ -123,12 +123,18 @@ CachingPool::~CachingPool() {
     }
   }
   for (const auto& [ptr, b] : live_) {
-    if (b->prev == nullptr) heads.push_back(b);
+    if (b->arena == nullptr && b->prev == nullptr) heads.push_back(b);
+  }
+  for (const auto& [base, arena] : arenas_) {
+    if (arena->block->prev == nullptr) heads.push_back(arena->block);
   }
   for (const auto& list : class_free_) {
     for (Block* b : list) {
       if (b->prev == nullptr) heads.push_back(b);
     }
+  }
+  for (const auto& [ptr, b] : live_) {
+    if (b->arena != nullptr) delete b;
   }
   for (Block* head : heads) {
     size_t segment_bytes = 0;
@@ -220,9 +226,15 @@ void CachingPool::deallocate(void* ptr) {
   stats_.allocated -= block->size;
   stats_.requested -= block->requested;
   ++stats_.num_frees;
+  poison(block->ptr, block->size);
+  if (Arena* arena = block->arena) {
+    arena->parts.erase(static_cast<size_t>(block->ptr - arena->block->ptr));
+    recycle_block(block);
+    if (!arena->open && arena->parts.empty()) end_arena(arena);
+    return;
+  }
   block->free = true;
   block->requested = 0;
-  poison(block->ptr, block->size);
 
   // Small blocks are carved at exactly their class size, so the next request of that
   // class can take this one as it is; merging waits until it is needed.
@@ -232,6 +244,80 @@ void CachingPool::deallocate(void* ptr) {
     ++class_free_count_;
     return;
   }
+  insert_free(block);
+}
+
+void* CachingPool::open_arena(size_t bytes) {
+  std::lock_guard lock(mutex_);
+  if (bytes == 0 || bytes > kMaxRequest) return nullptr;
+  // Taken like a large block (best fit, or a segment of its own), so that the next step's
+  // arena of the same size finds it again in the cache.
+  const size_t size = round_up(std::max(bytes, kSmallMax + 1), kAlignment);
+  Block* block = take_free_block(large_free_, size);
+  if (block == nullptr) {
+    // A bigger arena than any cached block (a longer sequence, a tighter plan): the older
+    // arenas' free segments would otherwise stay reserved beside the new one.
+    release_free_segments();
+    block = new_segment(size, false, bytes, nullptr);
+  }
+  if (block == nullptr) return nullptr;
+  split(block, size);
+  block->free = false;
+  auto arena = std::make_unique<Arena>();
+  arena->block = block;
+  void* base = block->ptr;
+  arenas_.emplace(base, std::move(arena));
+  return base;
+}
+
+void* CachingPool::allocate_in_arena(void* base, size_t offset, size_t bytes) {
+  std::lock_guard lock(mutex_);
+  auto it = arenas_.find(base);
+  if (it == arenas_.end() || !it->second->open)
+    throw ValueError("[" + name_ + "] allocate_in_arena: no open arena at this base");
+  Arena& arena = *it->second;
+  const size_t size = round_up(std::max<size_t>(bytes, 1), kAlignment);
+  if (offset % kAlignment != 0 || offset > arena.block->size || size > arena.block->size - offset)
+    return nullptr;
+  // The part must not overlap one still handed out: the one starting at or before it, or
+  // the first one after it.
+  auto next = arena.parts.lower_bound(offset);
+  if (next != arena.parts.end() && next->first < offset + size) return nullptr;
+  if (next != arena.parts.begin()) {
+    auto prev = std::prev(next);
+    if (prev->first + prev->second > offset) return nullptr;
+  }
+  arena.parts.emplace_hint(next, offset, size);
+  Block* part = make_block();
+  part->ptr = arena.block->ptr + offset;
+  part->size = size;
+  part->requested = bytes;
+  part->free = false;
+  part->arena = &arena;
+  live_.emplace(part->ptr, part);
+  stats_.allocated += size;
+  stats_.requested += bytes;
+  stats_.peak_allocated = std::max(stats_.peak_allocated, stats_.allocated);
+  ++stats_.num_allocs;
+  ++stats_.cache_hits;
+  unpoison(part->ptr, bytes);
+  return part->ptr;
+}
+
+void CachingPool::close_arena(void* base) {
+  std::lock_guard lock(mutex_);
+  auto it = arenas_.find(base);
+  if (it == arenas_.end() || !it->second->open)
+    throw ValueError("[" + name_ + "] close_arena: no open arena at this base");
+  it->second->open = false;
+  if (it->second->parts.empty()) end_arena(it->second.get());
+}
+
+void CachingPool::end_arena(Arena* arena) {
+  Block* block = arena->block;
+  arenas_.erase(block->ptr);  // destroys `arena`
+  block->free = true;
+  block->requested = 0;
   insert_free(block);
 }
 

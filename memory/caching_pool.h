@@ -14,6 +14,7 @@
 // back to its source only in empty_cache() or when a limit is hit.
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <set>
@@ -114,11 +115,23 @@ class CachingPool : public Allocator {
   /// The name given at construction.
   const std::string& name() const { return name_; }
 
+  /// Sets aside one block of `bytes` (an arena) whose parts a planned step hands out at
+  /// offsets it chose in advance (RECOMPUTE.md, offline assignment). The block itself is
+  /// reserved, not allocated; returns its base, or nullptr when the memory is not there.
+  void* open_arena(size_t bytes);
+  /// Hands out `bytes` at `offset` in an open arena, counted as allocated like any block and
+  /// returned by deallocate(); nullptr when the range would overlap a part still handed out
+  /// (a plan that changed at run time) or leave the arena. Throws ValueError for a bad base.
+  void* allocate_in_arena(void* base, size_t offset, size_t bytes);
+  /// Ends an arena: its block goes back to the cache once every part is deallocated.
+  void close_arena(void* base);
+
  private:
   // A contiguous range inside one segment, either handed out or cached. Blocks of a
   // segment form an address-ordered list so that freeing can merge with neighbours; a
   // segment is fully free when its only block is free (no prev, no next). A free block is
   // either in a FreeSet or, if `on_class_list`, on its class list and not merged yet.
+  struct Arena;
   struct Block {
     char* ptr = nullptr;
     size_t size = 0;
@@ -126,6 +139,7 @@ class CachingPool : public Allocator {
     bool small = false;
     bool free = true;
     bool on_class_list = false;
+    Arena* arena = nullptr;  // set on the parts of an arena, which belong to no list
     Block* prev = nullptr;
     Block* next = nullptr;
   };
@@ -136,6 +150,12 @@ class CachingPool : public Allocator {
     }
   };
   using FreeSet = std::set<Block*, BySize>;
+  // An open (or closed but still used) arena: its block and the parts handed out, by offset.
+  struct Arena {
+    Block* block = nullptr;
+    std::map<size_t, size_t> parts;  // offset -> bytes
+    bool open = true;
+  };
 
   Block* take_free_block(FreeSet& free_set, size_t size);
   void insert_free(Block* block);
@@ -150,6 +170,7 @@ class CachingPool : public Allocator {
   void release_segment(Block* block);
   Block* make_block();
   void recycle_block(Block* block);
+  void end_arena(Arena* arena);
   std::string report_locked() const;
 
   const std::string name_;
@@ -161,6 +182,7 @@ class CachingPool : public Allocator {
   std::vector<std::vector<Block*>> class_free_;  // per small size class, most recent last
   size_t class_free_count_ = 0;
   std::unordered_map<void*, Block*> live_;
+  std::unordered_map<void*, std::unique_ptr<Arena>> arenas_;  // by base
   std::vector<Block*> spare_blocks_;  // Block nodes kept to avoid heap calls on split/merge.
   PoolStats stats_;
 };

@@ -46,6 +46,10 @@ std::string plan_report() {
                             (s.within_budget ? "" : "  (over the budget: nothing left to evict)"));
   line("kept to the end", format_bytes(s.output_bytes) + " (results and held tensors)");
   line("kernel order", s.order);
+  if (s.arena_bytes > 0)
+    line("arena", format_bytes(s.arena_bytes) + " for " + format_bytes(s.arena_live_peak) +
+                      " alive at once, " + std::to_string(s.arena_values) + " values placed" +
+                      (s.arena_misses ? ", " + std::to_string(s.arena_misses) + " missed" : ""));
   line("kernels", std::to_string(s.kernels) + " (" + std::to_string(s.in_place) + " in place, " +
                       std::to_string(s.donated) + " updates donated)");
   line("replaced values freed", std::to_string(s.released_leaves));
@@ -59,7 +63,7 @@ std::string plan_report() {
   line("extra work", percent(s.extra_cost, s.base_cost) + " of the step's estimated cost");
   char ms[32];
   std::snprintf(ms, sizeof ms, "%.2f ms", s.planner_ms);
-  line("planner time", ms);
+  line("planner time", std::string(ms) + (s.plan_reused ? " (the plan of an earlier step)" : ""));
   if (!s.recomputed.empty()) {
     r += "  released early (largest first):\n";
     size_t shown = 0;

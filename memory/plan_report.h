@@ -43,7 +43,12 @@ struct PlanSummary {
   double base_cost = 0;           ///< Estimated seconds of the step's kernels.
   double extra_cost = 0;          ///< Estimated seconds of the rebuilds.
   double planner_ms = 0;          ///< Planning time.
+  bool plan_reused = false;       ///< The plan of an earlier, identical step was run again.
   std::string order = "given";    ///< The kernel order chosen (memory/schedule_order.h).
+  size_t arena_bytes = 0;         ///< Size of the step's arena (memory/arena_plan.h); 0: none.
+  size_t arena_live_peak = 0;     ///< Highest bytes of the arena's values alive at once.
+  size_t arena_values = 0;        ///< Values written at their planned place in the arena.
+  size_t arena_misses = 0;  ///< Planned places still taken at run time (allocated from the pool).
   std::vector<RecomputedValue> recomputed;  ///< Largest first.
 };
 

@@ -3,10 +3,12 @@
 // Results under a budget must be bit-identical to the unbudgeted step; the pool's measured
 // peak must stay within the budget.
 #include <catch2/catch.hpp>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "frontend/kiln.h"
@@ -223,6 +225,56 @@ TEST_CASE("budgeted training steps are bit-identical and stay within the budget"
       CHECK(plan.within_budget);
       CHECK(plan.recomputes > 0);
       CHECK(plan.lower_bound <= budget);
+    }
+  }
+}
+
+TEST_CASE("values placed in the step's arena compute what pool blocks compute", "[plan]") {
+  BudgetGuard guard;
+  struct ArenaOff {
+    ArenaOff() { ::setenv("KILN_DISABLE_ARENA", "1", 1); }
+    ~ArenaOff() { ::unsetenv("KILN_DISABLE_ARENA"); }
+  };
+  // Eight steps each. The step's tables settle after the optimizer's first steps (they
+  // create its state), and the plan made once their kernels have been timed three times is
+  // run again by the steps after it.
+  auto run = [](const char* kind, double fraction, bool arena) {
+    std::unique_ptr<ArenaOff> off;
+    if (!arena) off = std::make_unique<ArenaOff>();
+    Trainer t = make_trainer(kind);
+    t.release_grads = true;
+    t.step();
+    if (fraction > 0) {
+      const size_t start = pool().allocated();
+      memory::set_budget(start + static_cast<size_t>(fraction * 1.6e6));
+    }
+    std::vector<double> losses;
+    std::vector<memory::PlanSummary> plans;
+    for (int i = 0; i < 8; ++i) {
+      losses.push_back(t.step());
+      plans.push_back(memory::last_plan());
+    }
+    memory::clear_budget();
+    return std::tuple{losses, t.parameters(), plans};
+  };
+  for (const char* kind : {"lstm", "transformer"}) {
+    for (double fraction : {0.0, 0.5}) {
+      INFO(kind << (fraction > 0 ? " under a budget" : " without a budget"));
+      const auto [pool_losses, pool_params, pool_plans] = run(kind, fraction, false);
+      const auto [losses, params, plans] = run(kind, fraction, true);
+      INFO(memory::plan_report());
+      for (size_t i = 0; i < losses.size(); ++i) CHECK(same_bits(losses[i], pool_losses[i]));
+      CHECK(params == pool_params);
+      CHECK(pool_plans.back().arena_bytes == 0);
+      for (const memory::PlanSummary& s : plans) {
+        CHECK(s.arena_bytes > 0);
+        CHECK(s.arena_values > 0);
+        CHECK(s.arena_misses == 0);
+        CHECK(s.arena_bytes >= s.arena_live_peak);
+        CHECK(s.within_budget);
+        if (fraction > 0) CHECK(s.recomputes > 0);
+      }
+      CHECK(plans.back().plan_reused);
     }
   }
 }

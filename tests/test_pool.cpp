@@ -303,6 +303,68 @@ TEST_CASE("pool: empty_cache returns fully free segments to the OS", "[pool]") {
   CHECK(pool.stats().peak_reserved == 46 * kMiB);
 }
 
+TEST_CASE("pool: an arena hands out planned parts and refuses overlapping ones", "[pool]") {
+  HostPool pool;
+  void* base = pool.open_arena(12 * kMiB);
+  REQUIRE(base != nullptr);
+  auto s = pool.stats();
+  CHECK(s.allocated == 0);  // reserved, not allocated, until parts are handed out
+  CHECK(s.reserved == 12 * kMiB);
+
+  void* a = pool.allocate_in_arena(base, 0, 1000);  // rounded to 1024
+  void* b = pool.allocate_in_arena(base, 1024, 3 * kMiB);
+  REQUIRE(a == base);
+  REQUIRE(b == at(base, 1024));
+  CHECK(pool.stats().allocated == 1024 + 3 * kMiB);
+  CHECK(pool.stats().peak_allocated == 1024 + 3 * kMiB);
+  fill(a, 1000, 21);
+  fill(b, 3 * kMiB, 22);
+  // Overlapping a live part (from below, inside, from above), misaligned, or past the end.
+  CHECK(pool.allocate_in_arena(base, 960, 128) == nullptr);
+  CHECK(pool.allocate_in_arena(base, 2048, 64) == nullptr);
+  CHECK(pool.allocate_in_arena(base, 0, 64) == nullptr);
+  CHECK(pool.allocate_in_arena(base, 1024 + 3 * kMiB - 64, 128) == nullptr);
+  CHECK(pool.allocate_in_arena(base, 1000, 8) == nullptr);
+  CHECK(pool.allocate_in_arena(base, 12 * kMiB - 64, 128) == nullptr);
+  CHECK(pool.stats().allocated == 1024 + 3 * kMiB);
+  CHECK_THROWS_AS(pool.allocate_in_arena(at(base, 64), 0, 64), kiln::ValueError);
+
+  // A freed part's place can be handed out again; its neighbours keep their data.
+  pool.deallocate(a);
+  void* c = pool.allocate_in_arena(base, 0, 1024);
+  CHECK(c == base);
+  fill(c, 1024, 23);
+  CHECK(verify(b, 3 * kMiB, 22));
+  // Parts are ordinary buffers to the pool's callers.
+  {
+    kiln::Buffer buffer(pool.allocate_in_arena(base, 4 * kMiB, 4096), 4096, pool);
+    fill(buffer.data(), 4096, 24);
+    CHECK(pool.stats().allocated == 2048 + 3 * kMiB + 4096 - 1024);
+  }
+  CHECK(pool.stats().allocated == 1024 + 3 * kMiB);
+
+  // Closing with parts still out keeps the block until the last one is freed.
+  pool.close_arena(base);
+  CHECK_THROWS_AS(pool.allocate_in_arena(base, 8 * kMiB, 64), kiln::ValueError);
+  CHECK_THROWS_AS(pool.close_arena(base), kiln::ValueError);
+  CHECK(verify(b, 3 * kMiB, 22));
+  pool.deallocate(c);
+  pool.empty_cache();  // the arena's block is not free yet
+  CHECK(pool.stats().reserved == 12 * kMiB);
+  pool.deallocate(b);
+  s = pool.stats();
+  CHECK(s.allocated == 0);
+  CHECK(s.num_allocs == s.num_frees);
+
+  // The next step's arena of the same size is the same block, from the cache.
+  void* again = pool.open_arena(12 * kMiB);
+  CHECK(again == base);
+  CHECK(pool.stats().os_allocs == 1);
+  pool.close_arena(again);
+  pool.empty_cache();
+  CHECK(pool.stats().reserved == 0);
+}
+
 TEST_CASE("pool: report is a readable table with the key rows", "[pool]") {
   HostPool pool;
   pool.set_limit(1536 * kKiB + 20 * kMiB);

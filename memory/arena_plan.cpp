@@ -1,0 +1,142 @@
+#include "arena_plan.h"
+
+#include <algorithm>
+#include <limits>
+
+namespace kiln::memory {
+namespace {
+
+// One piece of arena memory: the value written at `first` and the in-place runs that take
+// it over, alive from action `start` to action `end` (both included).
+struct Slot {
+  size_t bytes = 0;
+  int start = 0;
+  int end = std::numeric_limits<int>::max();  // never freed: kept past the step
+  int kernel = -1, run = -1;                  // the run that allocates it
+};
+
+// Places `order`'s slots one by one, each in the smallest gap between the slots placed
+// before it that are alive at the same time, else above them all; returns the arena's size.
+size_t place(const std::vector<Slot>& slots, const std::vector<int>& order,
+             std::vector<int64_t>& offset) {
+  size_t size = 0;
+  std::vector<int> placed;  // by offset
+  for (int i : order) {
+    const Slot& s = slots[static_cast<size_t>(i)];
+    size_t best = std::numeric_limits<size_t>::max(), best_gap = best, top = 0;
+    for (int j : placed) {
+      const Slot& p = slots[static_cast<size_t>(j)];
+      if (p.end < s.start || s.end < p.start) continue;
+      const auto at = static_cast<size_t>(offset[static_cast<size_t>(j)]);
+      if (at >= top && at - top >= s.bytes && at - top < best_gap) best = top, best_gap = at - top;
+      top = std::max(top, at + p.bytes);
+    }
+    const size_t at = best != std::numeric_limits<size_t>::max() ? best : top;
+    offset[static_cast<size_t>(i)] = static_cast<int64_t>(at);
+    size = std::max(size, at + s.bytes);
+    auto pos = std::lower_bound(placed.begin(), placed.end(), at, [&](int j, size_t off) {
+      return static_cast<size_t>(offset[static_cast<size_t>(j)]) < off;
+    });
+    placed.insert(pos, i);
+  }
+  return size;
+}
+
+}  // namespace
+
+int64_t ArenaPlan::offset(int k, int run) const {
+  if (k < 0 || static_cast<size_t>(k) >= offsets.size()) return -1;
+  const auto& runs = offsets[static_cast<size_t>(k)];
+  return run >= 0 && static_cast<size_t>(run) < runs.size() ? runs[static_cast<size_t>(run)] : -1;
+}
+
+ArenaPlan plan_arena(const StepGraph& graph, const std::vector<PlanAction>& actions,
+                     const std::vector<size_t>& bytes) {
+  ArenaPlan plan;
+  plan.offsets.resize(graph.kernels.size());
+  std::vector<Slot> slots;
+  std::vector<int> holds(graph.values.size(), -1);  // the slot of each value's current copy
+  for (size_t t = 0; t < actions.size(); ++t) {
+    const PlanAction& a = actions[t];
+    const int now = static_cast<int>(t);
+    if (a.kind == PlanAction::Kind::Run || a.kind == PlanAction::Kind::Recompute) {
+      const PlanKernel& k = graph.kernels[static_cast<size_t>(a.id)];
+      auto& runs = plan.offsets[static_cast<size_t>(a.id)];
+      const int run = static_cast<int>(runs.size());
+      runs.push_back(-1);
+      const auto out = static_cast<size_t>(k.output);
+      if (a.in_place && k.in_place_input >= 0) {
+        // The output takes over its input's memory, whichever it is.
+        int& donor = holds[static_cast<size_t>(k.in_place_input)];
+        holds[out] = donor;
+        donor = -1;
+        continue;
+      }
+      if (bytes[out] == 0) {
+        holds[out] = -1;
+        continue;
+      }
+      Slot s;
+      s.bytes = bytes[out];
+      s.start = now;
+      s.kernel = a.id;
+      s.run = run;
+      holds[out] = static_cast<int>(slots.size());
+      slots.push_back(s);
+    } else {
+      int& slot = holds[static_cast<size_t>(a.id)];
+      if (slot >= 0) slots[static_cast<size_t>(slot)].end = now;
+      slot = -1;
+    }
+  }
+
+  std::vector<int> freed;  // slots kept past the step stay out of the arena
+  for (size_t i = 0; i < slots.size(); ++i)
+    if (slots[i].end != std::numeric_limits<int>::max()) freed.push_back(static_cast<int>(i));
+  auto span = [&](int i) {
+    return static_cast<size_t>(slots[static_cast<size_t>(i)].end -
+                               slots[static_cast<size_t>(i)].start) +
+           1;
+  };
+  auto bytes_of = [&](int i) { return slots[static_cast<size_t>(i)].bytes; };
+  // Three orders of placement, the smallest arena wins: largest first, ties longest first
+  // (long-lived values settle low and short ones fill the gaps above them); largest first,
+  // ties earliest; largest bytes x lifetime first. None is best on every step.
+  std::vector<std::vector<int>> orders(3, freed);
+  std::stable_sort(orders[0].begin(), orders[0].end(), [&](int a, int b) {
+    return bytes_of(a) != bytes_of(b) ? bytes_of(a) > bytes_of(b) : span(a) > span(b);
+  });
+  std::stable_sort(orders[1].begin(), orders[1].end(),
+                   [&](int a, int b) { return bytes_of(a) > bytes_of(b); });
+  std::stable_sort(orders[2].begin(), orders[2].end(), [&](int a, int b) {
+    return static_cast<double>(bytes_of(a)) * static_cast<double>(span(a)) >
+           static_cast<double>(bytes_of(b)) * static_cast<double>(span(b));
+  });
+  std::vector<int64_t> best_offsets;
+  size_t best_bytes = std::numeric_limits<size_t>::max();
+  std::vector<int64_t> offset(slots.size(), -1);
+  for (const std::vector<int>& order : orders) {
+    const size_t bytes = place(slots, order, offset);
+    if (bytes < best_bytes) best_bytes = bytes, best_offsets = offset;
+  }
+  for (int i : freed) {
+    const Slot& s = slots[static_cast<size_t>(i)];
+    plan.offsets[static_cast<size_t>(s.kernel)][static_cast<size_t>(s.run)] =
+        best_offsets[static_cast<size_t>(i)];
+    ++plan.values;
+  }
+  plan.bytes = freed.empty() ? 0 : best_bytes;
+
+  // The bytes alive at once, for comparison with the arena's size.
+  std::vector<int64_t> delta(actions.size() + 1, 0);
+  for (int i : freed) {
+    const Slot& s = slots[static_cast<size_t>(i)];
+    delta[static_cast<size_t>(s.start)] += static_cast<int64_t>(s.bytes);
+    delta[static_cast<size_t>(s.end) + 1] -= static_cast<int64_t>(s.bytes);
+  }
+  int64_t live = 0;
+  for (int64_t d : delta) plan.live_peak = std::max(plan.live_peak, static_cast<size_t>(live += d));
+  return plan;
+}
+
+}  // namespace kiln::memory

@@ -1,0 +1,39 @@
+#pragma once
+// Offline placement of a planned step's values in one block (an arena). A caching pool
+// places each value when it is allocated, without knowing when it will be freed, so values
+// that live long end up scattered between short-lived ones and pin half-used segments: an
+// LSTM step under a budget reserved 1.7-2.5x its peak of allocated bytes. The memory plan
+// knows every allocation and free of the step in advance, so the offsets can be chosen
+// once, knowing all lifetimes: largest values first, each in the smallest gap left by the
+// values placed before it that are alive at the same time (TFLite's "greedy by size"
+// arena planner; RECOMPUTE.md §2a, "Pool loop"). The arena then needs little more than the
+// step's peak of bytes alive at once.
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "recompute_planner.h"
+
+namespace kiln::memory {
+
+/// Where each run of each kernel writes its output.
+struct ArenaPlan {
+  size_t bytes = 0;      ///< Size of the arena.
+  size_t live_peak = 0;  ///< Highest sum of bytes of the arena's values alive at once.
+  size_t values = 0;     ///< Allocations placed in the arena.
+  /// offsets[k][i]: offset of the output of kernel k's i-th run (0: its first run, then
+  /// each recomputation), or -1 when it does not come from the arena: an in-place run (it
+  /// takes its input's memory), a value kept past the step, or one of another device.
+  std::vector<std::vector<int64_t>> offsets;
+
+  /// The offset for kernel `k`'s run number `run`, or -1.
+  int64_t offset(int k, int run) const;
+};
+
+/// Places the values allocated by `actions` (a plan of `graph`, as plan_step returns it)
+/// in one arena. `bytes[v]` is the memory value v takes in the arena (0: never there).
+/// Values never freed in the step, and chains of in-place runs that end in one, stay out.
+ArenaPlan plan_arena(const StepGraph& graph, const std::vector<PlanAction>& actions,
+                     const std::vector<size_t>& bytes);
+
+}  // namespace kiln::memory
