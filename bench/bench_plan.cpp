@@ -2,10 +2,14 @@
 // the step time of three training steps at memory budgets below their unplanned peak.
 //
 // Rows plan_<model>_<budget>: kiln_ms is the median step time under the budget, baseline
-// "unplanned" is the same model's median step time without one, and the extra fields carry
+// "unplanned" the median of unplanned steps of the same model, each run right before one of
+// the budgeted steps (this machine drifts by more than the targets' margins between runs
+// minutes apart, so a baseline measured once per model decided rows by noise); the extra
+// fields carry
 // peak_bytes (the pool's measured peak of allocated bytes over the timed steps),
 // budget_bytes, the unplanned peak, the planned peak, the planner's time per step, the
-// rebuilds per step and the pool's reserved/allocated ratio at the peak.
+// rebuilds per step, the arena's size and bytes alive at once (memory/arena_plan.h), and the
+// pool's reserved/allocated ratio at the peak over budgeted steps alone.
 //
 // A budget fraction f means start + kept + f x (unplanned peak - start - kept): start is
 // what the pool holds when the step begins (parameters, optimizer state, data), kept is what
@@ -128,12 +132,56 @@ Measured measure(const Model& model, int reps, int seq) {
     m.within = m.within && s.within_budget;
   }
   memory::PoolStats st = pool().stats();
+  if (std::getenv("KILN_BENCH_VERBOSE"))
+    std::fprintf(stderr, "%s\n%s\n", pool().report().c_str(), memory::plan_report().c_str());
   m.ms = median(times);
   m.peak = st.peak_allocated;
   m.reserve_ratio = st.reserve_ratio();
   m.planner_ms = planner / reps;
   m.rebuilds = rebuilds / reps;
   m.extra_pct = extra / reps;
+  return m;
+}
+
+// Step times under `budget` paired with unplanned ones: each timed budgeted step right
+// after an unplanned step of the same model, so that the machine's drift (the same
+// unplanned step moved by 15% between runs minutes apart) shows in both medians alike.
+// Two budgeted warm-up steps first (compiling, choosing the kernel order, timing kernels).
+struct Paired {
+  double ms = 0, base_ms = 0;
+  size_t peak = 0, planned_peak = 0, arena = 0, arena_live = 0;
+  double planner_ms = 0, rebuilds = 0, extra_pct = 0;
+  bool within = true;
+};
+
+Paired measure_paired(const Model& model, int reps, int seq, size_t budget) {
+  memory::set_budget(budget);
+  model.step(seq);
+  model.step(seq);
+  std::vector<double> times, base;
+  Paired m;
+  for (int i = 0; i < reps; ++i) {
+    memory::clear_budget();
+    auto t0 = Clock::now();
+    model.step(seq);
+    base.push_back(ms_since(t0));
+    memory::set_budget(budget);
+    pool().reset_peak_stats();
+    t0 = Clock::now();
+    model.step(seq);
+    times.push_back(ms_since(t0));
+    memory::PlanSummary s = memory::last_plan();
+    m.peak = std::max(m.peak, pool().stats().peak_allocated);
+    m.planner_ms += s.planner_ms / reps;
+    m.rebuilds += static_cast<double>(s.recomputes) / reps;
+    m.extra_pct += (s.base_cost > 0 ? 100.0 * s.extra_cost / s.base_cost : 0) / reps;
+    m.planned_peak = std::max(m.planned_peak, s.planned_peak);
+    m.arena = std::max(m.arena, s.arena_bytes);
+    m.arena_live = std::max(m.arena_live, s.arena_live_peak);
+    m.within = m.within && s.within_budget;
+  }
+  m.ms = median(times);
+  m.base_ms = median(base);
   return m;
 }
 
@@ -184,19 +232,24 @@ int main(int argc, char** argv) {
       std::snprintf(label, sizeof label, "%g", f);
       r.workload = std::string("plan_") + spec.name + "_" + label;
       r.baseline = "unplanned";
-      r.baseline_ms = base.ms;
       r.target = f >= 1.0 ? 1.05 : f >= 0.5 ? 1.05 : f >= 0.33 ? 1.10 : 1.25;
       r.target_kind = "ratio<=";
       try {
-        Measured m = measure(model, reps, spec.seq);
+        const Paired m = measure_paired(model, reps, spec.seq, budget);
+        // The pool's reserve, apart from the unplanned steps' (whose cached segments would
+        // otherwise count): a fresh cache, then budgeted steps only.
+        const Measured alone = measure(model, 2, spec.seq);
+        const size_t peak = std::max(m.peak, alone.peak);
         r.kiln_ms = m.ms;
-        char note[160];
-        std::snprintf(note, sizeof note, "peak %s / budget %s (%.2f of peak)%s, +%.1f%% work",
-                      memory::format_bytes(m.peak).c_str(), memory::format_bytes(budget).c_str(),
+        r.baseline_ms = m.base_ms;
+        char note[200];
+        std::snprintf(note, sizeof note,
+                      "peak %s / budget %s (%.2f of peak)%s, +%.1f%% work, reserved/alloc %.3f",
+                      memory::format_bytes(peak).c_str(), memory::format_bytes(budget).c_str(),
                       static_cast<double>(budget) / static_cast<double>(base.peak),
-                      m.peak <= budget ? "" : " OVER", m.extra_pct);
+                      peak <= budget ? "" : " OVER", m.extra_pct, alone.reserve_ratio);
         r.note = note;
-        r.extra = {{"peak_bytes", static_cast<double>(m.peak)},
+        r.extra = {{"peak_bytes", static_cast<double>(peak)},
                    {"budget_bytes", static_cast<double>(budget)},
                    {"unplanned_peak_bytes", static_cast<double>(base.peak)},
                    {"of_peak", static_cast<double>(budget) / static_cast<double>(base.peak)},
@@ -204,7 +257,9 @@ int main(int argc, char** argv) {
                    {"planner_ms", m.planner_ms},
                    {"rebuilds", m.rebuilds},
                    {"extra_work_pct", m.extra_pct},
-                   {"reserved_ratio", m.reserve_ratio}};
+                   {"arena_bytes", static_cast<double>(m.arena)},
+                   {"arena_live_bytes", static_cast<double>(m.arena_live)},
+                   {"reserved_ratio", alone.reserve_ratio}};
       } catch (const OutOfMemoryError& e) {
         r.kiln_ms = -1;
         std::string what = e.what();
