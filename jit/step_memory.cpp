@@ -207,12 +207,18 @@ class JitMachine final : public memory::StepMachine {
     const FusionGroup& g = *groups_[static_cast<size_t>(k)];
     const PlanKernel& pk = t_.graph.kernels[static_cast<size_t>(k)];
     Node* donor = in_place ? t_.nodes[static_cast<size_t>(pk.in_place_input)] : nullptr;
+    follow_plan(k);
     bool reused = false;
-    if (donor && donor->buffer && donor->buffer.use_count() == 1 && !g.root->device.is_cuda()) {
+    // A result kept past the step must not take over a part of the arena (only a run that
+    // strayed from the plan would ask): it would hold the arena's block after the step.
+    const bool arena_donor = donor && in_arena_[static_cast<size_t>(pk.in_place_input)];
+    if (donor && donor->buffer && donor->buffer.use_count() == 1 && !g.root->device.is_cuda() &&
+        !(arena_donor && t_.graph.values[static_cast<size_t>(pk.output)].output)) {
       g.root->buffer = donor->buffer;  // the donor still reads it during the kernel
       reused = true;
     }
     const bool placed = !reused && place_in_arena(k, g);
+    in_arena_[static_cast<size_t>(pk.output)] = placed || (reused && arena_donor);
     ++runs_[static_cast<size_t>(k)];
     const double start = us();
     try {
@@ -261,10 +267,22 @@ class JitMachine final : public memory::StepMachine {
     return std::chrono::duration<double, std::micro>(Clock::now() - begin_).count();
   }
 
+  // Notes whether the runs so far are the plan's. Once they are not (the run-time fallback
+  // evicted what the plan kept), the planned places describe lifetimes that no longer hold,
+  // so nothing more is placed: every later value comes from the pool.
+  void follow_plan(int k) {
+    if (arena_ == nullptr || strayed_) return;
+    const std::vector<int>& planned = arena_plan_->runs;
+    if (next_run_ < planned.size() && planned[next_run_] == k)
+      ++next_run_;
+    else
+      strayed_ = true;
+  }
+
   // Gives the output of this run of kernel `k` its planned place in the arena; false when it
   // has none or the place is still taken (the run then allocates from the pool).
   bool place_in_arena(int k, const FusionGroup& g) {
-    if (arena_ == nullptr || g.root->buffer || g.root->op == OpCode::Transfer ||
+    if (arena_ == nullptr || strayed_ || g.root->buffer || g.root->op == OpCode::Transfer ||
         g.root->device != t_.device)
       return false;
     const int64_t offset = arena_plan_->offset(k, runs_[static_cast<size_t>(k)]);
@@ -275,7 +293,12 @@ class JitMachine final : public memory::StepMachine {
       ++arena_misses_;
       return false;
     }
-    g.root->buffer = std::make_shared<Buffer>(p, bytes, pool_);
+    try {
+      g.root->buffer = std::make_shared<Buffer>(p, bytes, pool_);
+    } catch (...) {
+      pool_.deallocate(p);
+      throw;
+    }
     ++arena_values_;
     return true;
   }
@@ -291,6 +314,9 @@ class JitMachine final : public memory::StepMachine {
   std::vector<StepEvent> events_;
   std::vector<int> evictions_, rebuilds_;
   std::vector<int> runs_;  // per kernel, runs so far (the index into the arena plan)
+  std::vector<char> in_arena_ = std::vector<char>(t_.nodes.size(), 0);  // per value, now
+  size_t next_run_ = 0;   // runs of the plan done so far, while they follow it
+  bool strayed_ = false;  // a run that was not the plan's next one happened
   size_t arena_values_ = 0, arena_misses_ = 0;
   std::vector<double> seconds_;  // per kernel, its first run (compile time included)
   size_t in_place_ = 0, donated_ = 0, released_leaves_ = 0;
@@ -375,12 +401,15 @@ struct StepProfile {
   int measured = 0;             ///< Steps that contributed to `seconds`.
   int ordered_with = -1;        ///< `measured` when `order` was chosen (-1: not yet).
   memory::ScheduleOrder order = memory::ScheduleOrder::Given;
-  uint64_t arena_for = 0;  ///< Hash of the actions `arena` was planned for.
+  uint64_t arena_for = 0;  ///< Hash of the actions and sizes `arena` was planned for.
   std::shared_ptr<const memory::ArenaPlan> arena;
   /// The plan made once the costs stopped changing, and the kernel order it is for: the
   /// same tables, costs and budget always give the same plan, so later steps reuse it.
   std::shared_ptr<const memory::StepPlan> plan;
   memory::ScheduleOrder plan_order = memory::ScheduleOrder::Given;
+  /// What else the plan was made for: the bytes resident at the start and the budget planned
+  /// against (the plan margin included), which the tables do not say.
+  size_t plan_start = 0, plan_budget = 0;
 };
 
 // Steps timed before the costs are final. Later steps are not timed, so their plans and
@@ -454,21 +483,29 @@ void remember_times(uint64_t key, const std::vector<double>& seconds,
   ++p.measured;
 }
 
-// The plan stored for these tables in `order`, or null.
-std::shared_ptr<const memory::StepPlan> stored_plan(uint64_t key, memory::ScheduleOrder order) {
+// The plan stored for these tables in `order`, made for the same start and planned budget,
+// or null.
+std::shared_ptr<const memory::StepPlan> stored_plan(uint64_t key, memory::ScheduleOrder order,
+                                                    const memory::StepGraph& g, size_t budget) {
   std::lock_guard<std::mutex> lock(g_profiles_mutex);
   auto it = g_profiles.find(key);
-  return it != g_profiles.end() && it->second.plan && it->second.plan_order == order
-             ? it->second.plan
+  if (it == g_profiles.end()) return nullptr;
+  const StepProfile& p = it->second;
+  return p.plan && p.plan_order == order && p.plan_start == g.start_bytes &&
+                 p.plan_budget == budget
+             ? p.plan
              : nullptr;
 }
 
-void store_plan(uint64_t key, memory::ScheduleOrder order, const memory::StepPlan& plan) {
+void store_plan(uint64_t key, memory::ScheduleOrder order, const memory::StepGraph& g,
+                size_t budget, const memory::StepPlan& plan) {
   auto stored = std::make_shared<const memory::StepPlan>(plan);
   std::lock_guard<std::mutex> lock(g_profiles_mutex);
   StepProfile& p = g_profiles[key];
   p.plan = std::move(stored);
   p.plan_order = order;
+  p.plan_start = g.start_bytes;
+  p.plan_budget = budget;
 }
 
 uint64_t actions_key(const std::vector<memory::PlanAction>& actions) {
@@ -484,17 +521,19 @@ uint64_t actions_key(const std::vector<memory::PlanAction>& actions) {
 // training loop repeats the same plan, and placing thousands of values takes milliseconds.
 std::shared_ptr<const memory::ArenaPlan> arena_for(uint64_t key, const StepTables& t,
                                                    const std::vector<memory::PlanAction>& actions) {
-  const uint64_t plan_key = actions_key(actions);
+  // The tables see the pool's size classes; offsets depend on the exact sizes too.
+  std::vector<size_t> bytes(t.nodes.size(), 0);
+  for (size_t v = 0; v < t.nodes.size(); ++v)
+    if (const Node* n = t.nodes[v]; n->device == t.device && n->nbytes() > 0)
+      bytes[v] = (n->nbytes() + 63) / 64 * 64;
+  uint64_t plan_key = actions_key(actions);
+  for (size_t b : bytes) plan_key = (plan_key ^ b) * 0x100000001b3ULL;
   {
     std::lock_guard<std::mutex> lock(g_profiles_mutex);
     if (auto it = g_profiles.find(key);
         it != g_profiles.end() && it->second.arena && it->second.arena_for == plan_key)
       return it->second.arena;
   }
-  std::vector<size_t> bytes(t.nodes.size(), 0);
-  for (size_t v = 0; v < t.nodes.size(); ++v)
-    if (const Node* n = t.nodes[v]; n->device == t.device && n->nbytes() > 0)
-      bytes[v] = (n->nbytes() + 63) / 64 * 64;
   auto plan =
       std::make_shared<const memory::ArenaPlan>(memory::plan_arena(t.graph, actions, bytes));
   std::lock_guard<std::mutex> lock(g_profiles_mutex);
@@ -510,8 +549,11 @@ class OpenArena {
  public:
   OpenArena(memory::CachingPool& pool, size_t bytes)
       : pool_(pool), base_(bytes > 0 ? pool.open_arena(bytes) : nullptr) {}
-  ~OpenArena() {
-    if (base_ != nullptr) pool_.close_arena(base_);
+  ~OpenArena() noexcept {
+    try {
+      if (base_ != nullptr) pool_.close_arena(base_);
+    } catch (...) {  // not open: nothing to hand back
+    }
   }
   OpenArena(const OpenArena&) = delete;
   OpenArena& operator=(const OpenArena&) = delete;
@@ -592,7 +634,7 @@ void run_with_memory_plan(const FusionPlan& plan, const std::unordered_set<Node*
     reorder_tables(t, groups, perm);
   };
   run_in(order);
-  std::shared_ptr<const memory::StepPlan> reused = settled ? stored_plan(key, order) : nullptr;
+  std::shared_ptr<const memory::StepPlan> reused = settled ? stored_plan(key, order, t.graph, planned.budget) : nullptr;
   memory::StepPlan simulated;
   if (options.budget > 0 && reused) {
     simulated = *reused;
@@ -615,7 +657,7 @@ void run_with_memory_plan(const FusionPlan& plan, const std::unordered_set<Node*
       simulated = memory::plan_step(t.graph, planned);
     }
     if (!simulated.feasible) raise_over_budget(t, groups, options, simulated, tail);
-    if (settled) store_plan(key, order, simulated);
+    if (settled) store_plan(key, order, t.graph, planned.budget, simulated);
   }
 
   // Offline placement (CPU): the plan says when every value is allocated and freed.
@@ -623,7 +665,7 @@ void run_with_memory_plan(const FusionPlan& plan, const std::unordered_set<Node*
   if (!t.device.is_cuda() && arena_enabled()) {
     if (options.budget == 0 && !reused) {
       simulated = memory::plan_step(t.graph, options);
-      if (settled) store_plan(key, order, simulated);
+      if (settled) store_plan(key, order, t.graph, planned.budget, simulated);
     }
     arena_plan =
         arena_for(key, t, options.budget == 0 && reused ? reused->actions : simulated.actions);
@@ -666,6 +708,7 @@ void run_with_memory_plan(const FusionPlan& plan, const std::unordered_set<Node*
     s.arena_live_peak = arena_plan->live_peak;
     s.arena_values = machine.arena_values_;
     s.arena_misses = machine.arena_misses_;
+    s.arena_strayed_at = machine.strayed_ ? machine.next_run_ + 1 : 0;
   }
   std::unordered_set<int> in_place(machine.in_place_kernels_.begin(),
                                    machine.in_place_kernels_.end());

@@ -64,6 +64,7 @@ ArenaPlan plan_arena(const StepGraph& graph, const std::vector<PlanAction>& acti
       auto& runs = plan.offsets[static_cast<size_t>(a.id)];
       const int run = static_cast<int>(runs.size());
       runs.push_back(-1);
+      plan.runs.push_back(a.id);
       const auto out = static_cast<size_t>(k.output);
       if (a.in_place && k.in_place_input >= 0) {
         // The output takes over its input's memory, whichever it is.

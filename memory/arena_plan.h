@@ -25,6 +25,9 @@ struct ArenaPlan {
   /// each recomputation), or -1 when it does not come from the arena: an in-place run (it
   /// takes its input's memory), a value kept past the step, or one of another device.
   std::vector<std::vector<int64_t>> offsets;
+  /// The kernels of the plan's runs (first runs and recomputations) in order: a run that
+  /// departs from it makes the later offsets meaningless.
+  std::vector<int> runs;
 
   /// The offset for kernel `k`'s run number `run`, or -1.
   int64_t offset(int k, int run) const;

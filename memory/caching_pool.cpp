@@ -249,7 +249,8 @@ void CachingPool::deallocate(void* ptr) {
 
 void* CachingPool::open_arena(size_t bytes) {
   std::lock_guard lock(mutex_);
-  if (bytes == 0 || bytes > kMaxRequest) return nullptr;
+  // Parts become host Buffers (core/allocator.h), so only host memory has arenas.
+  if (bytes == 0 || bytes > kMaxRequest || !source_->host_addressable()) return nullptr;
   // Taken like a large block (best fit, or a segment of its own), so that the next step's
   // arena of the same size finds it again in the cache.
   const size_t size = round_up(std::max(bytes, kSmallMax + 1), kAlignment);
@@ -276,6 +277,7 @@ void* CachingPool::allocate_in_arena(void* base, size_t offset, size_t bytes) {
   if (it == arenas_.end() || !it->second->open)
     throw ValueError("[" + name_ + "] allocate_in_arena: no open arena at this base");
   Arena& arena = *it->second;
+  if (bytes > kMaxRequest) return nullptr;
   const size_t size = round_up(std::max<size_t>(bytes, 1), kAlignment);
   if (offset % kAlignment != 0 || offset > arena.block->size || size > arena.block->size - offset)
     return nullptr;

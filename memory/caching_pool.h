@@ -117,7 +117,8 @@ class CachingPool : public Allocator {
 
   /// Sets aside one block of `bytes` (an arena) whose parts a planned step hands out at
   /// offsets it chose in advance (RECOMPUTE.md, offline assignment). The block itself is
-  /// reserved, not allocated; returns its base, or nullptr when the memory is not there.
+  /// reserved, not allocated; returns its base, or nullptr when the memory is not there
+  /// (or is not host memory).
   void* open_arena(size_t bytes);
   /// Hands out `bytes` at `offset` in an open arena, counted as allocated like any block and
   /// returned by deallocate(); nullptr when the range would overlap a part still handed out

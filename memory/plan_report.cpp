@@ -49,7 +49,10 @@ std::string plan_report() {
   if (s.arena_bytes > 0)
     line("arena", format_bytes(s.arena_bytes) + " for " + format_bytes(s.arena_live_peak) +
                       " alive at once, " + std::to_string(s.arena_values) + " values placed" +
-                      (s.arena_misses ? ", " + std::to_string(s.arena_misses) + " missed" : ""));
+                      (s.arena_misses ? ", " + std::to_string(s.arena_misses) + " missed" : "") +
+                      (s.arena_strayed_at ? ", none after run " + std::to_string(s.arena_strayed_at) +
+                                                " (the run left the plan)"
+                                          : ""));
   line("kernels", std::to_string(s.kernels) + " (" + std::to_string(s.in_place) + " in place, " +
                       std::to_string(s.donated) + " updates donated)");
   line("replaced values freed", std::to_string(s.released_leaves));

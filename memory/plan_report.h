@@ -48,6 +48,9 @@ struct PlanSummary {
   size_t arena_bytes = 0;         ///< Size of the step's arena (memory/arena_plan.h); 0: none.
   size_t arena_live_peak = 0;     ///< Highest bytes of the arena's values alive at once.
   size_t arena_values = 0;        ///< Values written at their planned place in the arena.
+  /// Runs before execution strayed from the plan (the run-time fallback evicted what the plan
+  /// kept), after which nothing more was placed; 0 when it never strayed.
+  size_t arena_strayed_at = 0;
   size_t arena_misses = 0;  ///< Planned places still taken at run time (allocated from the pool).
   std::vector<RecomputedValue> recomputed;  ///< Largest first.
 };

@@ -279,6 +279,33 @@ TEST_CASE("values placed in the step's arena compute what pool blocks compute", 
   }
 }
 
+TEST_CASE("a stored plan runs again only for the same start and budget", "[plan]") {
+  BudgetGuard guard;
+  Trainer t = make_trainer("lstm");
+  t.release_grads = true;
+  t.step();
+  memory::set_budget(pool().allocated() + 800'000);
+  auto reused = [&] {
+    t.step();
+    return memory::last_plan().plan_reused;
+  };
+  for (int i = 0; i < 7; ++i) reused();
+  CHECK(reused());
+  {
+    // More resident at the start: the stored plan's peak would be off by as much.
+    Tensor held = randn({16384}).eval();
+    CHECK_FALSE(reused());
+    CHECK(reused());
+  }
+  CHECK_FALSE(reused());
+  CHECK(reused());
+  // Another margin plans against another budget.
+  memory::set_plan_margin(0.25);
+  CHECK_FALSE(reused());
+  CHECK(reused());
+  CHECK(memory::last_plan().within_budget);
+}
+
 TEST_CASE("a step that keeps no gradient frees each one after its update", "[plan]") {
   BudgetGuard guard;
   // Released before the step is evaluated, gradients are intermediates: the planner's kernel
@@ -423,6 +450,10 @@ TEST_CASE("the run-time fallback holds the budget when the plan was made for mor
   memory::PlanSummary s = memory::last_plan();
   INFO(memory::plan_report());
   CHECK(s.fallback_evictions > 0);
+  // The runs left the plan where the fallback first evicted: the arena placed values up
+  // to there and none after.
+  CHECK(s.arena_values > 0);
+  CHECK(s.arena_strayed_at > 0);
   CHECK(peak <= budget + budget / 100);
   CHECK(same_bits(loss, ref.loss));
   CHECK(t.state() == ref.state);
