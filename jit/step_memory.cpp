@@ -410,6 +410,9 @@ struct StepProfile {
   /// What else the plan was made for: the bytes resident at the start and the budget planned
   /// against (the plan margin included), which the tables do not say.
   size_t plan_start = 0, plan_budget = 0;
+  /// The budget execution decides against with this plan: the user's, or a tighter one
+  /// the plan was found at (see run_with_memory_plan).
+  size_t plan_executes_at = 0;
 };
 
 // Steps timed before the costs are final. Later steps are not timed, so their plans and
@@ -486,19 +489,20 @@ void remember_times(uint64_t key, const std::vector<double>& seconds,
 // The plan stored for these tables in `order`, made for the same start and planned budget,
 // or null.
 std::shared_ptr<const memory::StepPlan> stored_plan(uint64_t key, memory::ScheduleOrder order,
-                                                    const memory::StepGraph& g, size_t budget) {
+                                                    const memory::StepGraph& g, size_t budget,
+                                                    size_t* executes_at) {
   std::lock_guard<std::mutex> lock(g_profiles_mutex);
   auto it = g_profiles.find(key);
   if (it == g_profiles.end()) return nullptr;
   const StepProfile& p = it->second;
-  return p.plan && p.plan_order == order && p.plan_start == g.start_bytes &&
-                 p.plan_budget == budget
-             ? p.plan
-             : nullptr;
+  if (!p.plan || p.plan_order != order || p.plan_start != g.start_bytes || p.plan_budget != budget)
+    return nullptr;
+  *executes_at = p.plan_executes_at;
+  return p.plan;
 }
 
 void store_plan(uint64_t key, memory::ScheduleOrder order, const memory::StepGraph& g,
-                size_t budget, const memory::StepPlan& plan) {
+                size_t budget, size_t executes_at, const memory::StepPlan& plan) {
   auto stored = std::make_shared<const memory::StepPlan>(plan);
   std::lock_guard<std::mutex> lock(g_profiles_mutex);
   StepProfile& p = g_profiles[key];
@@ -506,6 +510,7 @@ void store_plan(uint64_t key, memory::ScheduleOrder order, const memory::StepGra
   p.plan_order = order;
   p.plan_start = g.start_bytes;
   p.plan_budget = budget;
+  p.plan_executes_at = executes_at;
 }
 
 uint64_t actions_key(const std::vector<memory::PlanAction>& actions) {
@@ -634,7 +639,11 @@ void run_with_memory_plan(const FusionPlan& plan, const std::unordered_set<Node*
     reorder_tables(t, groups, perm);
   };
   run_in(order);
-  std::shared_ptr<const memory::StepPlan> reused = settled ? stored_plan(key, order, t.graph, planned.budget) : nullptr;
+  // Execution decides against this budget: the user's, unless the plan was only found at a
+  // tighter one (below).
+  size_t executes_at = options.budget;
+  std::shared_ptr<const memory::StepPlan> reused =
+      settled ? stored_plan(key, order, t.graph, planned.budget, &executes_at) : nullptr;
   memory::StepPlan simulated;
   if (options.budget > 0 && reused) {
     simulated = *reused;
@@ -656,8 +665,22 @@ void run_with_memory_plan(const FusionPlan& plan, const std::unordered_set<Node*
       run_in(order);
       simulated = memory::plan_step(t.graph, planned);
     }
+    // The greedy is not monotone in the budget near the floor: where it gives up (its
+    // rebuilds would pass the cap) a tighter budget can send it down another path that
+    // fits. A plan within a tighter budget is within this one; execution then decides
+    // against the tighter budget too, so that it takes the same path.
+    const size_t floor = memory::lower_bound(t.graph);
+    for (int i = 1; i < 16 && !simulated.feasible && options.budget > floor; ++i) {
+      const size_t tighter =
+          options.budget - (options.budget - floor) * static_cast<size_t>(i) / 16;
+      memory::PlannerOptions o = planned;
+      o.budget = static_cast<size_t>(static_cast<double>(tighter) *
+                                     (1.0 + std::max(memory::plan_margin(), 0.0)));
+      memory::StepPlan p = memory::plan_step(t.graph, o);
+      if (p.feasible) simulated = std::move(p), executes_at = tighter;
+    }
     if (!simulated.feasible) raise_over_budget(t, groups, options, simulated, tail);
-    if (settled) store_plan(key, order, t.graph, planned.budget, simulated);
+    if (settled) store_plan(key, order, t.graph, planned.budget, executes_at, simulated);
   }
 
   // Offline placement (CPU): the plan says when every value is allocated and freed.
@@ -665,7 +688,7 @@ void run_with_memory_plan(const FusionPlan& plan, const std::unordered_set<Node*
   if (!t.device.is_cuda() && arena_enabled()) {
     if (options.budget == 0 && !reused) {
       simulated = memory::plan_step(t.graph, options);
-      if (settled) store_plan(key, order, t.graph, planned.budget, simulated);
+      if (settled) store_plan(key, order, t.graph, planned.budget, 0, simulated);
     }
     arena_plan =
         arena_for(key, t, options.budget == 0 && reused ? reused->actions : simulated.actions);
@@ -676,7 +699,9 @@ void run_with_memory_plan(const FusionPlan& plan, const std::unordered_set<Node*
   const bool record = memory::step_recording();
   OpenArena arena(pool_of(t.device), arena_plan ? arena_plan->bytes : 0);
   JitMachine machine(groups, t, run, record, arena_plan.get(), arena.base());
-  memory::StepPlan done = memory::execute_step(t.graph, options, machine);
+  memory::PlannerOptions execution = options;
+  execution.budget = executes_at;
+  memory::StepPlan done = memory::execute_step(t.graph, execution, machine);
   if (timed) remember_times(key, machine.seconds_, perm);
 
   memory::PlanSummary s;
