@@ -665,19 +665,17 @@ void run_with_memory_plan(const FusionPlan& plan, const std::unordered_set<Node*
       run_in(order);
       simulated = memory::plan_step(t.graph, planned);
     }
-    // The greedy is not monotone in the budget near the floor: where it gives up (its
-    // rebuilds would pass the cap) a tighter budget can send it down another path that
-    // fits. A plan within a tighter budget is within this one; execution then decides
-    // against the tighter budget too, so that it takes the same path.
-    const size_t floor = memory::lower_bound(t.graph);
-    for (int i = 1; i < 16 && !simulated.feasible && options.budget > floor; ++i) {
-      const size_t tighter =
-          options.budget - (options.budget - floor) * static_cast<size_t>(i) / 16;
-      memory::PlannerOptions o = planned;
-      o.budget = static_cast<size_t>(static_cast<double>(tighter) *
-                                     (1.0 + std::max(memory::plan_margin(), 0.0)));
-      memory::StepPlan p = memory::plan_step(t.graph, o);
-      if (p.feasible) simulated = std::move(p), executes_at = tighter;
+    // Near the floor the greedy may give up at this budget and fit a tighter one; execution
+    // then decides against the tighter budget too, so that it takes the same path.
+    if (!simulated.feasible) {
+      size_t used = planned.budget;
+      memory::StepPlan p = memory::plan_within(t.graph, planned, &used);
+      if (p.feasible) {
+        simulated = std::move(p);
+        executes_at = std::min(options.budget,
+                               static_cast<size_t>(static_cast<double>(used) /
+                                                   (1.0 + std::max(memory::plan_margin(), 0.0))));
+      }
     }
     if (!simulated.feasible) raise_over_budget(t, groups, options, simulated, tail);
     if (settled) store_plan(key, order, t.graph, planned.budget, executes_at, simulated);

@@ -38,6 +38,7 @@ using kiln::memory::lower_bound;
 using kiln::memory::order_name;
 using kiln::memory::plan_arena;
 using kiln::memory::plan_step;
+using kiln::memory::plan_within;
 using kiln::memory::PlanAction;
 using kiln::memory::PlanKernel;
 using kiln::memory::PlannerOptions;
@@ -1645,4 +1646,46 @@ TEST_CASE("planner arena placements of random steps never overlap values alive t
   CHECK(static_cast<double>(arena_bytes) <= 1.15 * static_cast<double>(live_bytes));
   WARN("arena placement of " << checked << " plans: arena / bytes alive at once = "
                              << static_cast<double>(arena_bytes) / static_cast<double>(live_bytes));
+}
+
+TEST_CASE("planner plan_within fits a budget the greedy gives up at by planning tighter",
+          "[planner]") {
+  // Find steps where the greedy is not monotone: infeasible at a budget, feasible below it.
+  std::mt19937_64 rng(23);
+  StepShape shape;
+  int found = 0, checked = 0;
+  for (int n = 0; n < 400 && found < 20; ++n) {
+    const StepGraph g = random_step(rng, shape);
+    const size_t lb = lower_bound(g), top = plan_step(g, PlannerOptions{}).peak;
+    if (top <= lb + 16) continue;
+    for (int i = 1; i < 16; ++i) {
+      const size_t budget = lb + (top - lb) * static_cast<size_t>(i) / 16;
+      PlannerOptions o;
+      o.budget = budget;
+      size_t used = 0;
+      const StepPlan p = plan_within(g, o, &used);
+      ++checked;
+      INFO("graph " << n << ", budget " << budget << " (lb " << lb << ", top " << top << ")");
+      if (plan_with(g, budget).feasible) {
+        // Feasible as asked: plan_within is plan_step.
+        REQUIRE(p.feasible);
+        CHECK(used == budget);
+        continue;
+      }
+      if (!p.feasible) {
+        CHECK(used == budget);
+        continue;
+      }
+      ++found;
+      CHECK(used < budget);
+      CHECK(used >= lb);
+      CHECK(p.peak <= used);
+      // The same plan as plan_step at the tighter budget, and sound there.
+      CHECK(render(p.actions) == render(plan_with(g, used).actions));
+      REQUIRE(replay(g, p, used).error == "");
+    }
+  }
+  CHECK(checked > 100);
+  CHECK(found > 0);
+  WARN("budgets the greedy gave up at and fitted tighter: " << found << " of " << checked);
 }
