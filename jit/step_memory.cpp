@@ -613,10 +613,11 @@ void run_with_memory_plan(const FusionPlan& plan, const std::unordered_set<Node*
   StepTables t = build_tables(groups, outputs, original, simplified);
   memory::PlannerOptions options;
   options.budget = memory::budget(t.device);
+  // The static plan may be made for more than the budget (set_plan_margin, for tests).
+  const double margin = 1.0 + std::max(memory::plan_margin(), 0.0);
   memory::PlannerOptions planned = options;
   if (options.budget > 0)
-    planned.budget = static_cast<size_t>(static_cast<double>(options.budget) *
-                                         (1.0 + std::max(memory::plan_margin(), 0.0)));
+    planned.budget = static_cast<size_t>(static_cast<double>(options.budget) * margin);
   // Kernels on a GPU run asynchronously: timing their launches would say nothing.
   const bool timed = !t.device.is_cuda();
   const uint64_t key = tables_key(t.graph, options.budget, tail);
@@ -663,19 +664,14 @@ void run_with_memory_plan(const FusionPlan& plan, const std::unordered_set<Node*
       }
       order = profile_and_order(key, t.graph, planned, tail, timed, &settled, true);
       run_in(order);
-      simulated = memory::plan_step(t.graph, planned);
-    }
-    // Near the floor the greedy may give up at this budget and fit a tighter one; execution
-    // then decides against the tighter budget too, so that it takes the same path.
-    if (!simulated.feasible) {
+      // Near the floor the greedy may give up at this budget and fit a tighter one;
+      // execution then decides against the tighter budget too, so that it takes the same
+      // path.
       size_t used = planned.budget;
-      memory::StepPlan p = memory::plan_within(t.graph, planned, &used);
-      if (p.feasible) {
-        simulated = std::move(p);
-        executes_at = std::min(options.budget,
-                               static_cast<size_t>(static_cast<double>(used) /
-                                                   (1.0 + std::max(memory::plan_margin(), 0.0))));
-      }
+      simulated = memory::plan_within(t.graph, planned, &used);
+      if (simulated.feasible && used < planned.budget)
+        executes_at =
+            std::min(options.budget, static_cast<size_t>(static_cast<double>(used) / margin));
     }
     if (!simulated.feasible) raise_over_budget(t, groups, options, simulated, tail);
     if (settled) store_plan(key, order, t.graph, planned.budget, executes_at, simulated);

@@ -6,7 +6,7 @@
 namespace kiln::memory {
 namespace {
 
-// One piece of arena memory: the value written at `first` and the in-place runs that take
+// One piece of arena memory: the value one run writes, and the in-place runs that take
 // it over, alive from action `start` to action `end` (both included).
 struct Slot {
   size_t bytes = 0;
