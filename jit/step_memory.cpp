@@ -163,11 +163,7 @@ StepTables build_tables(const Schedule& groups, const std::unordered_set<Node*>&
 // groups already permuted): value ids stay, producers move, in-place candidates change
 // with the last reads.
 void reorder_tables(StepTables& t, const Schedule& groups, const std::vector<int>& perm) {
-  const std::vector<int> old_ids = [&] {
-    std::vector<int> at(perm.size());
-    for (size_t i = 0; i < perm.size(); ++i) at[static_cast<size_t>(perm[i])] = static_cast<int>(i);
-    return at;
-  }();
+  const std::vector<int> old_ids = memory::inverse_permutation(perm);
   std::vector<PlanKernel> kernels;
   kernels.reserve(perm.size());
   for (int k : perm) kernels.push_back(std::move(t.graph.kernels[static_cast<size_t>(k)]));
@@ -420,9 +416,15 @@ struct StepProfile {
 // the plan only needs to know which kernels are cheap).
 constexpr int kTimedSteps = 3;
 
-uint64_t tables_key(const memory::StepGraph& g, size_t budget, size_t tail) {
+// FNV-1a over 64-bit words: the step keys below only need to tell steps of one process
+// apart, so a fast in-memory hash is enough (jit/hash.h's is for bytes shared on disk).
+struct KeyHash {
   uint64_t h = 0xcbf29ce484222325ULL;
-  auto mix = [&h](uint64_t x) { h = (h ^ x) * 0x100000001b3ULL; };
+  void operator()(uint64_t x) { h = (h ^ x) * 0x100000001b3ULL; }
+};
+
+uint64_t tables_key(const memory::StepGraph& g, size_t budget, size_t tail) {
+  KeyHash mix;
   mix(budget);
   mix(tail);
   for (const PlanValue& v : g.values)
@@ -435,7 +437,7 @@ uint64_t tables_key(const memory::StepGraph& g, size_t budget, size_t tail) {
     mix(bits);
     for (int in : k.inputs) mix(static_cast<uint64_t>(in));
   }
-  return h;
+  return mix.h;
 }
 
 std::mutex g_profiles_mutex;
@@ -513,15 +515,6 @@ void store_plan(uint64_t key, memory::ScheduleOrder order, const memory::StepGra
   p.plan_executes_at = executes_at;
 }
 
-uint64_t actions_key(const std::vector<memory::PlanAction>& actions) {
-  uint64_t h = 0xcbf29ce484222325ULL;
-  for (const memory::PlanAction& a : actions)
-    h = (h ^ (static_cast<uint64_t>(a.id) << 8 | static_cast<uint64_t>(a.kind) << 1 |
-              static_cast<uint64_t>(a.in_place))) *
-        0x100000001b3ULL;
-  return h;
-}
-
 // The arena placement of a plan's values, planned once per step tables and plan: a
 // training loop repeats the same plan, and placing thousands of values takes milliseconds.
 std::shared_ptr<const memory::ArenaPlan> arena_for(uint64_t key, const StepTables& t,
@@ -531,8 +524,11 @@ std::shared_ptr<const memory::ArenaPlan> arena_for(uint64_t key, const StepTable
   for (size_t v = 0; v < t.nodes.size(); ++v)
     if (const Node* n = t.nodes[v]; n->device == t.device && n->nbytes() > 0)
       bytes[v] = (n->nbytes() + 63) / 64 * 64;
-  uint64_t plan_key = actions_key(actions);
-  for (size_t b : bytes) plan_key = (plan_key ^ b) * 0x100000001b3ULL;
+  KeyHash mix;
+  for (const memory::PlanAction& a : actions)
+    mix(static_cast<uint64_t>(a.id) << 8 | static_cast<uint64_t>(a.kind) << 1 | a.in_place);
+  for (size_t b : bytes) mix(b);
+  const uint64_t plan_key = mix.h;
   {
     std::lock_guard<std::mutex> lock(g_profiles_mutex);
     if (auto it = g_profiles.find(key);
@@ -654,11 +650,10 @@ void run_with_memory_plan(const FusionPlan& plan, const std::unordered_set<Node*
       // Near the floor an order chosen with earlier costs may no longer fit with today's
       // measured ones: back to the given order, and choose again before refusing.
       if (order != memory::ScheduleOrder::Given) {
-        std::vector<int> back(perm.size());
-        for (size_t i = 0; i < perm.size(); ++i)
-          back[static_cast<size_t>(perm[i])] = static_cast<int>(i);
-        Schedule given(groups.size());
-        for (size_t i = 0; i < perm.size(); ++i) given[static_cast<size_t>(perm[i])] = groups[i];
+        const std::vector<int> back = memory::inverse_permutation(perm);
+        Schedule given;
+        given.reserve(groups.size());
+        for (int k : back) given.push_back(groups[static_cast<size_t>(k)]);
         groups = std::move(given);
         reorder_tables(t, groups, back);
       }

@@ -153,16 +153,19 @@ std::vector<int> schedule_order(const StepGraph& graph, ScheduleOrder order, siz
   return perm;
 }
 
+std::vector<int> inverse_permutation(const std::vector<int>& perm) {
+  std::vector<int> at(perm.size(), -1);
+  for (size_t i = 0; i < perm.size(); ++i) at[static_cast<size_t>(perm[i])] = static_cast<int>(i);
+  return at;
+}
+
 StepGraph reorder(const StepGraph& graph, const std::vector<int>& perm) {
   StepGraph out;
   out.start_bytes = graph.start_bytes;
   out.values = graph.values;
   out.kernels.reserve(perm.size());
-  std::vector<int> at(graph.kernels.size(), -1);
-  for (size_t i = 0; i < perm.size(); ++i) {
-    at[static_cast<size_t>(perm[i])] = static_cast<int>(i);
-    out.kernels.push_back(graph.kernels[static_cast<size_t>(perm[i])]);
-  }
+  for (int k : perm) out.kernels.push_back(graph.kernels[static_cast<size_t>(k)]);
+  const std::vector<int> at = inverse_permutation(perm);
   for (PlanValue& v : out.values)
     if (v.producer >= 0) v.producer = at[static_cast<size_t>(v.producer)];
   return out;

@@ -34,6 +34,9 @@ const std::vector<ScheduleOrder>& all_orders();
 /// the end. Always a topological order of the graph.
 std::vector<int> schedule_order(const StepGraph& graph, ScheduleOrder order, size_t fixed_tail);
 
+/// The permutation that undoes `perm`: result[perm[i]] == i.
+std::vector<int> inverse_permutation(const std::vector<int>& perm);
+
 /// `graph` with its kernels permuted by `perm` (from schedule_order); value ids unchanged.
 StepGraph reorder(const StepGraph& graph, const std::vector<int>& perm);
 
