@@ -100,19 +100,27 @@ std::unordered_map<Node*, Tensor> propagate(const std::vector<Node*>& order, Nod
   std::unordered_set<Node*> on_path(order.begin(), order.end());
   std::unordered_map<Node*, Tensor> grads;
   grads[output] = seed;
+  auto accumulate = [&](Node* in, Tensor gk) {
+    if (gk.dtype() != in->dtype) gk = cast(gk, in->dtype);
+    auto [slot, fresh] = grads.try_emplace(in, gk);
+    if (!fresh) slot->second = add(slot->second, gk);
+  };
   for (Node* n : order) {
     auto it = grads.find(n);
     if (it == grads.end()) continue;
     if (n->grad_leaf && n != output) continue;
     Tensor g = it->second;
+    // A composite whose rule skips its inner nodes: they get no gradient and are passed over.
+    Tensor skipping;
+    if (NodePtr target = detail::softmax_vjp(*n, g, &skipping);
+        target && on_path.count(target.get())) {
+      accumulate(target.get(), skipping);
+      continue;
+    }
     std::vector<Tensor> in_grads = vjp(*n, g);
     for (size_t k = 0; k < in_grads.size() && k < n->inputs.size(); ++k) {
       Node* in = n->inputs[k].get();
-      if (!in_grads[k].defined() || !on_path.count(in)) continue;
-      Tensor gk = in_grads[k];
-      if (gk.dtype() != in->dtype) gk = cast(gk, in->dtype);
-      auto [slot, fresh] = grads.try_emplace(in, gk);
-      if (!fresh) slot->second = add(slot->second, gk);
+      if (in_grads[k].defined() && on_path.count(in)) accumulate(in, in_grads[k]);
     }
   }
   return grads;

@@ -426,11 +426,14 @@ std::vector<Tensor> elementwise_vjp(const Node& n, const std::vector<Tensor>& in
     case OpCode::Maximum:
     case OpCode::Minimum: {
       const Tensor& b = in[1];
-      Tensor a_wins = n.op == OpCode::Maximum ? a > b : a < b;
       if (n.origin != nullptr && std::string_view(n.origin) == "relu") {
-        d[0] = where(a_wins, g, 0);  // relu'(0) = 0, as PyTorch
+        // relu'(0) = 0, as PyTorch. Read from the output (out > 0 exactly where x > 0, NaN
+        // included) so that the backward pass keeps the relu's result, which the next layer
+        // keeps anyway, and not its input as well.
+        d[0] = where(out > 0, g, 0);
         break;
       }
+      Tensor a_wins = n.op == OpCode::Maximum ? a > b : a < b;
       // Ties split the gradient, as torch.maximum.
       Tensor tie = a == b;
       Tensor half = g * 0.5;

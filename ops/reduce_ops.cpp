@@ -4,7 +4,9 @@
 #include "reduce_ops.h"
 
 #include <cmath>
+#include <string_view>
 
+#include "autograd.h"
 #include "elementwise.h"
 #include "reindex.h"
 #include "sources.h"
@@ -303,6 +305,35 @@ Tensor argmin(const Tensor& x, int64_t axis, bool keepdim) {
 Tensor argmin(const Tensor& x) { return arg_extreme_all(x, ReduceOp::Min, "argmin"); }
 
 Tensor softmax(const Tensor& x, int64_t axis) { return softmax_impl(x, axis, false, "softmax"); }
+
+namespace detail {
+
+NodePtr softmax_vjp(const Node& n, const Tensor& g, Tensor* grad) {
+  // softmax_impl builds out = e / broadcast(sum(e)) with e = exp(z). Differentiating those
+  // meta-ops one by one reads e (or z, to rebuild it) in the backward pass, so a step would
+  // keep the scores as well as the probabilities; p * (g - sum(g * p)) needs p alone.
+  auto is_softmax = [](const Node& m) {
+    return m.origin != nullptr && std::string_view(m.origin) == "softmax";
+  };
+  if (n.op != OpCode::Div || !is_softmax(n) || n.inputs.size() != 2) return nullptr;
+  const Node& e = *n.inputs[0];
+  if (e.op != OpCode::Exp || !is_softmax(e) || e.inputs.size() != 1) return nullptr;
+  // The summed axes: where the sum, before it was broadcast back, has extent 1.
+  const Node* sum = n.inputs[1].get();
+  if (sum->op == OpCode::Reindex && !sum->inputs.empty()) sum = sum->inputs[0].get();
+  if (sum->shape.size() != n.shape.size()) return nullptr;
+  std::vector<int64_t> axes;
+  for (size_t d = 0; d < n.shape.size(); ++d)
+    if (sum->shape[d] == 1 && n.shape[d] != 1) axes.push_back(static_cast<int64_t>(d));
+  Tensor p(const_cast<Node&>(n).shared_from_this());
+  Tensor gp = mul(g, p);
+  // No axis of extent > 1: the softmax is 1 everywhere and the gradient 0 (g * p - g * p).
+  Tensor total = axes.empty() ? gp : sum_like(gp, ReduceOp::Sum, axes, true, "softmax backward");
+  *grad = sub(gp, mul(p, total));
+  return e.inputs[0];
+}
+
+}  // namespace detail
 
 Tensor log_softmax(const Tensor& x, int64_t axis) {
   return softmax_impl(x, axis, true, "log_softmax");

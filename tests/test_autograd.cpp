@@ -6,6 +6,7 @@
 #include <functional>
 #include <random>
 #include <string>
+#include <unordered_set>
 #include <vector>
 
 #include "frontend/kiln.h"
@@ -338,6 +339,90 @@ TEST_CASE("second derivatives through create_graph", "[autograd]") {
   REQUIRE(ddx.to_vector<double>() == std::vector<double>{3.0, -6.0});
 }
 
+TEST_CASE("second derivatives through softmax", "[autograd]") {
+  // f(x) = sum(softmax(x) * c), f'(x) = p * (c - sum(c * p)). The rule that skips the
+  // softmax's inner nodes must still build a differentiable graph (create_graph).
+  Tensor x = from_vector<double>({0.3, -1.2, 2.0, 0.7}).requires_grad_();
+  Tensor c = from_vector<double>({1.5, -0.5, 0.25, 2.0});
+  Tensor dx = grad(sum(softmax(x, 0) * c), {x}, Tensor(), false, true)[0];
+  Tensor ddx = grad(sum(dx * c), {x})[0];
+  // Hand-derived: with g = c, d/dx_j sum_i c_i p_i (c_i - m), m = sum_k c_k p_k, is
+  // p_j (c_j^2 - 2 m c_j) - p_j (sum_i c_i^2 p_i - 2 m^2).
+  std::vector<double> xv{0.3, -1.2, 2.0, 0.7}, cv{1.5, -0.5, 0.25, 2.0}, p(4);
+  double z = 0, m = 0, q = 0;
+  for (int i = 0; i < 4; ++i) z += std::exp(xv[i]);
+  for (int i = 0; i < 4; ++i) p[i] = std::exp(xv[i]) / z, m += cv[i] * p[i];
+  for (int i = 0; i < 4; ++i) q += cv[i] * cv[i] * p[i];
+  std::vector<double> got_dx = dx.to_vector<double>(), got_ddx = ddx.to_vector<double>();
+  for (int j = 0; j < 4; ++j) {
+    INFO("element " << j);
+    CHECK(got_dx[j] == Approx(p[j] * (cv[j] - m)).epsilon(1e-12));
+    CHECK(got_ddx[j] ==
+          Approx(p[j] * (cv[j] * cv[j] - 2 * m * cv[j]) - p[j] * (q - 2 * m * m)).epsilon(1e-10));
+  }
+}
+
+namespace {
+
+// The values of the forward graph of `loss` that the graph of `grads` reads directly.
+std::unordered_set<const Node*> backward_reads(const Tensor& loss,
+                                               const std::vector<Tensor>& grads) {
+  std::vector<Node*> forward_nodes = pending_subgraph({loss.node().get()});
+  std::unordered_set<const Node*> forward(forward_nodes.begin(), forward_nodes.end());
+  std::vector<Node*> roots;
+  for (const Tensor& g : grads) roots.push_back(g.node().get());
+  std::unordered_set<const Node*> reads;
+  for (Node* n : pending_subgraph(roots)) {
+    if (forward.count(n)) continue;
+    for (const NodePtr& in : n->inputs)
+      if (forward.count(in.get())) reads.insert(in.get());
+  }
+  return reads;
+}
+
+}  // namespace
+
+TEST_CASE("relu and softmax gradients read their outputs, not their inputs", "[autograd]") {
+  // So a training step keeps one value per relu or softmax for the backward pass, as
+  // PyTorch does, and not the pre-activation or the scores as well.
+  Generator gen(5);
+  Tensor x = randn({8, 16}, DType::Float32, gen).eval();
+  Tensor w = randn({16, 16}, DType::Float32, gen).requires_grad_();
+  w.eval();
+  Tensor t = randn({8, 16}, DType::Float32, gen).eval();
+  Tensor pre = matmul(x, w);
+  Tensor h = relu(pre);
+  Tensor loss = sum(h * t);
+  std::unordered_set<const Node*> reads = backward_reads(loss, grad(loss, {w}));
+  CHECK(reads.count(h.node().get()) == 1);
+  CHECK(reads.count(pre.node().get()) == 0);
+
+  Tensor scores = matmul(x, w);
+  Tensor p = softmax(scores * 0.5f, -1);
+  Tensor loss2 = sum(p * t);
+  reads = backward_reads(loss2, grad(loss2, {w}));
+  CHECK(reads.count(p.node().get()) == 1);
+  CHECK(reads.count(scores.node().get()) == 0);
+  for (const Node* n : reads) CHECK(n->op != OpCode::Exp);
+  // The values: dL/dscores = 0.5 * p * (t - sum(t * p)) against float64 by hand.
+  std::vector<float> sv = scores.to_vector<float>(), tv = t.to_vector<float>();
+  std::vector<double> dscores(sv.size());
+  for (int r = 0; r < 8; ++r) {
+    double zmax = -INFINITY, zsum = 0, m = 0;
+    for (int j = 0; j < 16; ++j) zmax = std::max(zmax, 0.5 * sv[r * 16 + j]);
+    std::vector<double> pr(16);
+    for (int j = 0; j < 16; ++j) zsum += pr[j] = std::exp(0.5 * sv[r * 16 + j] - zmax);
+    for (int j = 0; j < 16; ++j) m += tv[r * 16 + j] * (pr[j] /= zsum);
+    for (int j = 0; j < 16; ++j) dscores[r * 16 + j] = 0.5 * pr[j] * (tv[r * 16 + j] - m);
+  }
+  std::vector<float> got =
+      grad(sum(softmax(scores * 0.5f, -1) * t), {scores})[0].to_vector<float>();
+  for (size_t i = 0; i < got.size(); ++i) {
+    INFO("element " << i);
+    CHECK(std::fabs(got[i] - dscores[i]) <= 1e-6 + 1e-5 * std::fabs(dscores[i]));
+  }
+}
+
 TEST_CASE("no_grad scopes and detach cut gradient flow", "[autograd]") {
   Tensor w = from_vector<float>({1, 2}).requires_grad_();
   Tensor a;
@@ -454,7 +539,8 @@ TEST_CASE("autograd misuse raises typed errors", "[autograd][errors]") {
   }
 }
 
-TEST_CASE("matrix product gradients run as library GEMMs and match the reference", "[autograd][matmul]") {
+TEST_CASE("matrix product gradients run as library GEMMs and match the reference",
+          "[autograd][matmul]") {
   if (!jit::have_blas()) {
     WARN("skipped: kiln was built without a BLAS");
     return;
@@ -488,12 +574,15 @@ TEST_CASE("matrix product gradients run as library GEMMs and match the reference
       ExecutorScope scope("reference");
       ref = run();
     }
-    for (size_t i = 0; i < ref.first.size(); ++i) REQUIRE(jit_result.first[i] == Approx(ref.first[i]).margin(1e-4));
-    for (size_t i = 0; i < ref.second.size(); ++i) REQUIRE(jit_result.second[i] == Approx(ref.second[i]).margin(1e-4));
+    for (size_t i = 0; i < ref.first.size(); ++i)
+      REQUIRE(jit_result.first[i] == Approx(ref.first[i]).margin(1e-4));
+    for (size_t i = 0; i < ref.second.size(); ++i)
+      REQUIRE(jit_result.second[i] == Approx(ref.second[i]).margin(1e-4));
   }
 }
 
-TEST_CASE("products of reshaped, sliced and permuted operands still run on the library", "[autograd][matmul]") {
+TEST_CASE("products of reshaped, sliced and permuted operands still run on the library",
+          "[autograd][matmul]") {
   if (!jit::have_blas()) {
     WARN("skipped: kiln was built without a BLAS");
     return;
@@ -502,14 +591,15 @@ TEST_CASE("products of reshaped, sliced and permuted operands still run on the l
   Tensor x = randn({3, 4, 6}).eval().requires_grad_();
   Tensor w = randn({10, 6}).eval().requires_grad_();
   auto run = [&] {
-    Tensor rows = reshape(x, {12, 6});                          // merged batch dims
+    Tensor rows = reshape(x, {12, 6});                            // merged batch dims
     Tensor a = matmul(rows, transpose(slice(w, 0, 2, 9), 0, 1));  // [12, 7], sliced weight
     Tensor b = reshape(a, {3, 4, 7});
     Tensor c = matmul(permute(b, {1, 0, 2}), slice(w, 0, 3, 10));  // [4, 3, 7] @ [7, 6]
     Tensor loss = sum(c * cos(c.detach()));
     std::vector<Tensor> grads = grad(loss, {x, w});
     eval({grads[0], grads[1], loss});
-    return std::make_tuple(loss.item<double>(), grads[0].to_vector<double>(), grads[1].to_vector<double>());
+    return std::make_tuple(loss.item<double>(), grads[0].to_vector<double>(),
+                           grads[1].to_vector<double>());
   };
   auto jit_result = run();
   size_t library_calls = jit::last_eval_stats().library_calls;
@@ -520,6 +610,8 @@ TEST_CASE("products of reshaped, sliced and permuted operands still run on the l
   }
   CHECK(library_calls >= 3);  // a sum over permuted batch dims stays a generated kernel
   REQUIRE(std::get<0>(jit_result) == Approx(std::get<0>(ref)).epsilon(1e-4));
-  for (size_t i = 0; i < std::get<1>(ref).size(); ++i) REQUIRE(std::get<1>(jit_result)[i] == Approx(std::get<1>(ref)[i]).margin(1e-3));
-  for (size_t i = 0; i < std::get<2>(ref).size(); ++i) REQUIRE(std::get<2>(jit_result)[i] == Approx(std::get<2>(ref)[i]).margin(1e-3));
+  for (size_t i = 0; i < std::get<1>(ref).size(); ++i)
+    REQUIRE(std::get<1>(jit_result)[i] == Approx(std::get<1>(ref)[i]).margin(1e-3));
+  for (size_t i = 0; i < std::get<2>(ref).size(); ++i)
+    REQUIRE(std::get<2>(jit_result)[i] == Approx(std::get<2>(ref)[i]).margin(1e-3));
 }

@@ -130,12 +130,17 @@ Trainer make_trainer(const std::string& kind, bool checkpointed = false) {
     Tensor x = randn({batch, 64}).eval(), y = randint(0, 10, {batch}).eval();
     t.loss_fn = [=] {
       if (!checkpointed) return nn::cross_entropy(seq->forward(x), y);
-      // The same computation with each hidden layer checkpointed (as torch.utils.checkpoint
-      // is used per block): its pre-activation is not kept for the backward.
+      // The same computation with the hidden layers checkpointed in pairs (as
+      // torch.utils.checkpoint is used per block): the activation inside each pair is not
+      // kept for the backward.
       Tensor h = drop->forward(relu(layers[0]->forward(x)));
-      for (size_t i = 1; i + 1 < layers.size(); ++i) {
-        auto layer = layers[i];
-        h = checkpoint([layer](const Tensor& in) { return relu(layer->forward(in)); }, h);
+      for (size_t i = 1; i + 2 < layers.size(); i += 2) {
+        auto first = layers[i], second = layers[i + 1];
+        h = checkpoint(
+            [first, second](const Tensor& in) {
+              return relu(second->forward(relu(first->forward(in))));
+            },
+            h);
       }
       return nn::cross_entropy(layers.back()->forward(h), y);
     };
@@ -190,10 +195,10 @@ bool same_bits(double a, double b) { return std::memcmp(&a, &b, sizeof a) == 0; 
 TEST_CASE("budgeted training steps are bit-identical and stay within the budget", "[plan]") {
   BudgetGuard guard;
   // The fractions the planner reaches on each model today (docs/memory.md, "Known limits").
-  // This MLP keeps its gradients (1.6 MB of the 3.7 MB the step adds), which leaves too
-  // little to release for 0.2.
+  // This MLP keeps its gradients (1.6 MB of the 2.7 MB the step adds) and one activation
+  // per layer, which leaves too little to release below about 0.55.
   const std::vector<std::pair<const char*, std::vector<double>>> cases{
-      {"mlp", {0.5, 0.33}}, {"lstm", {0.8, 0.5, 0.33, 0.2}}, {"transformer", {0.5, 0.33, 0.2}}};
+      {"mlp", {0.8, 0.6}}, {"lstm", {0.8, 0.5, 0.33, 0.2}}, {"transformer", {0.5, 0.33, 0.2}}};
   for (const auto& [kind, fractions] : cases) {
     const Reference ref = reference(kind);
     REQUIRE(ref.step_bytes > 0);
@@ -468,8 +473,9 @@ TEST_CASE("checkpoint releases the function's intermediates and rebuilds them", 
   CHECK(same_bits(ck.loss, plain.loss));
   CHECK(ck.state == plain.state);
   CHECK(s.recomputes > 0);
-  // Six pre-activations of 2 MiB are not kept for the backward.
-  CHECK(ck.step_bytes + (4u << 20) < plain.step_bytes);
+  // Three activations of 2 MiB (one inside each pair) are not kept for the backward; the
+  // backward rebuilds one pair's at a time, so the peak is lower by two of them.
+  CHECK(ck.step_bytes + (3u << 20) < plain.step_bytes);
 }
 
 TEST_CASE("memory budgets parse sizes and fractions", "[plan]") {
