@@ -1,6 +1,7 @@
 // `kiln plan FILE [BUDGET...]`: replays the memory planner on a step's tables written by
 // KILN_PLAN_DUMP, in every kernel order, at the budgets given. It answers "what budget
 // could this step fit, and at what cost" without the model that produced it.
+#include <algorithm>
 #include <cstdio>
 #include <iostream>
 #include <nlohmann/json.hpp>
@@ -53,7 +54,8 @@ int run_plan_command(const Invocation& inv) {
   for (mem::ScheduleOrder order : mem::all_orders()) {
     mem::StepGraph h = mem::reorder(g, mem::schedule_order(g, order, file.fixed_tail));
     const size_t peak = mem::plan_step(h, mem::PlannerOptions{}).peak;
-    if (order == mem::ScheduleOrder::Given) unplanned = peak;
+    // Without a budget kiln runs the order of the lowest peak: shares are of that step.
+    unplanned = orders.empty() ? peak : std::min(unplanned, peak);
     const size_t smallest = mem::smallest_feasible_budget(h, mem::PlannerOptions{});
     orders.push_back({order, std::move(h), peak, smallest});
   }
