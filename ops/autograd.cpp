@@ -111,10 +111,8 @@ std::unordered_map<Node*, Tensor> propagate(const std::vector<Node*>& order, Nod
     if (n->grad_leaf && n != output) continue;
     Tensor g = it->second;
     // A composite whose rule skips its inner nodes: they get no gradient and are passed over.
-    Tensor skipping;
-    if (NodePtr target = detail::softmax_vjp(*n, g, &skipping);
-        target && on_path.count(target.get())) {
-      accumulate(target.get(), skipping);
+    if (Node* z = detail::softmax_input(*n); z != nullptr && on_path.count(z)) {
+      accumulate(z, detail::softmax_vjp(*n, g));
       continue;
     }
     std::vector<Tensor> in_grads = vjp(*n, g);

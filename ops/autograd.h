@@ -26,10 +26,13 @@ std::vector<Tensor> elementwise_vjp(const Node& node, const std::vector<Tensor>&
 /// Gradient rule of a reindex or reindex-reduce node (index tensors get none).
 std::vector<Tensor> reindex_vjp(const Node& node, const std::vector<Tensor>& inputs,
                                 const Tensor& out, const Tensor& g);
-/// A softmax's output node `n` (ops/reduce_ops.cpp): the gradient of the softmax's input z
-/// given the output gradient `g`, read from the output alone, into `grad`; returns z's node,
-/// or null when `n` is not a softmax's output (then its own rule applies).
-NodePtr softmax_vjp(const Node& n, const Tensor& g, Tensor* grad);
+/// When `n` is a softmax's output (ops/reduce_ops.cpp): the node z it exponentiates, the
+/// input in the compute dtype less its detached row maximum, so z's gradient is the input's;
+/// else null, and `n`'s own rule applies.
+Node* softmax_input(const Node& n);
+/// The gradient of softmax_input(n) given the output gradient `g`, read from the output
+/// alone: p * (g - sum(g * p)) along the softmax's axis.
+Tensor softmax_vjp(const Node& n, const Tensor& g);
 }  // namespace detail
 
 }  // namespace kiln

@@ -308,29 +308,45 @@ Tensor softmax(const Tensor& x, int64_t axis) { return softmax_impl(x, axis, fal
 
 namespace detail {
 
-NodePtr softmax_vjp(const Node& n, const Tensor& g, Tensor* grad) {
-  // softmax_impl builds out = e / broadcast(sum(e)) with e = exp(z). Differentiating those
-  // meta-ops one by one reads e (or z, to rebuild it) in the backward pass, so a step would
-  // keep the scores as well as the probabilities; p * (g - sum(g * p)) needs p alone.
+namespace {
+
+// softmax_impl builds out = e / broadcast(sum(e)) with e = exp(z). The summed axes of such
+// an output: where the sum, before it was broadcast back, has extent 1. False when `n` is
+// not a softmax's output.
+bool softmax_axes(const Node& n, std::vector<int64_t>* axes) {
   auto is_softmax = [](const Node& m) {
     return m.origin != nullptr && std::string_view(m.origin) == "softmax";
   };
-  if (n.op != OpCode::Div || !is_softmax(n) || n.inputs.size() != 2) return nullptr;
+  if (n.op != OpCode::Div || !is_softmax(n) || n.inputs.size() != 2) return false;
   const Node& e = *n.inputs[0];
-  if (e.op != OpCode::Exp || !is_softmax(e) || e.inputs.size() != 1) return nullptr;
-  // The summed axes: where the sum, before it was broadcast back, has extent 1.
+  if (e.op != OpCode::Exp || !is_softmax(e) || e.inputs.size() != 1) return false;
   const Node* sum = n.inputs[1].get();
   if (sum->op == OpCode::Reindex && !sum->inputs.empty()) sum = sum->inputs[0].get();
-  if (sum->shape.size() != n.shape.size()) return nullptr;
-  std::vector<int64_t> axes;
+  if (sum->shape.size() != n.shape.size()) return false;
+  axes->clear();
   for (size_t d = 0; d < n.shape.size(); ++d)
-    if (sum->shape[d] == 1 && n.shape[d] != 1) axes.push_back(static_cast<int64_t>(d));
+    if (sum->shape[d] == 1 && n.shape[d] != 1) axes->push_back(static_cast<int64_t>(d));
+  return true;
+}
+
+}  // namespace
+
+Node* softmax_input(const Node& n) {
+  std::vector<int64_t> axes;
+  return softmax_axes(n, &axes) ? n.inputs[0]->inputs[0].get() : nullptr;
+}
+
+Tensor softmax_vjp(const Node& n, const Tensor& g) {
+  // Differentiating exp, sum and divide one by one reads e (or z, to rebuild it) in the
+  // backward pass, so a step would keep the scores as well as the probabilities;
+  // p * (g - sum(g * p)) needs p alone.
+  std::vector<int64_t> axes;
+  if (!softmax_axes(n, &axes)) return Tensor();
   Tensor p(const_cast<Node&>(n).shared_from_this());
   Tensor gp = mul(g, p);
   // No axis of extent > 1: the softmax is 1 everywhere and the gradient 0 (g * p - g * p).
   Tensor total = axes.empty() ? gp : sum_like(gp, ReduceOp::Sum, axes, true, "softmax backward");
-  *grad = sub(gp, mul(p, total));
-  return e.inputs[0];
+  return sub(gp, mul(p, total));
 }
 
 }  // namespace detail

@@ -329,7 +329,7 @@ TEST_CASE("kiln CLI: plan replays a dumped step in every kernel order", "[cli]")
   const std::string path = tmp.root() + "/step.graph";
   kiln::memory::save_step_graph(file, path);
 
-  RunResult r = kiln_cli(tmp, "--json plan " + path + " 23 32");
+  RunResult r = kiln_cli(tmp, "--json plan " + path + " 23 32 0.5");
   INFO(r.out << r.err);
   REQUIRE(r.status == 0);
   Json j = Json::parse(r.out);
@@ -343,6 +343,9 @@ TEST_CASE("kiln CLI: plan replays a dumped step in every kernel order", "[cli]")
   CHECK(tight.at("chosen_feasible") == true);
   // With room for the given order too, the tie in recomputation goes to the lower peak.
   CHECK(j.at("budgets").at(1).at("chosen") == "eager");
+  // A share is of what the step releases in the order it runs unbudgeted, the lowest peak:
+  // start 1 + kept 1 + 0.5 x (23 - 2), rounded down.
+  CHECK(j.at("budgets").at(2).at("budget_bytes") == 12);
 
   RunResult text = kiln_cli(tmp, "plan " + path);
   CHECK(text.status == 0);
