@@ -517,8 +517,10 @@ void store_plan(uint64_t key, memory::ScheduleOrder order, const memory::StepGra
 
 // The arena placement of a plan's values, planned once per step tables and plan: a
 // training loop repeats the same plan, and placing thousands of values takes milliseconds.
+// `refine` (for a plan made once and reused) spends more time on a smaller arena.
 std::shared_ptr<const memory::ArenaPlan> arena_for(uint64_t key, const StepTables& t,
-                                                   const std::vector<memory::PlanAction>& actions) {
+                                                   const std::vector<memory::PlanAction>& actions,
+                                                   bool refine) {
   // The tables see the pool's size classes; offsets depend on the exact sizes too.
   std::vector<size_t> bytes(t.nodes.size(), 0);
   for (size_t v = 0; v < t.nodes.size(); ++v)
@@ -528,6 +530,7 @@ std::shared_ptr<const memory::ArenaPlan> arena_for(uint64_t key, const StepTable
   for (const memory::PlanAction& a : actions)
     mix(static_cast<uint64_t>(a.id) << 8 | static_cast<uint64_t>(a.kind) << 1 | a.in_place);
   for (size_t b : bytes) mix(b);
+  mix(refine);
   const uint64_t plan_key = mix.h;
   {
     std::lock_guard<std::mutex> lock(g_profiles_mutex);
@@ -535,8 +538,8 @@ std::shared_ptr<const memory::ArenaPlan> arena_for(uint64_t key, const StepTable
         it != g_profiles.end() && it->second.arena && it->second.arena_for == plan_key)
       return it->second.arena;
   }
-  auto plan =
-      std::make_shared<const memory::ArenaPlan>(memory::plan_arena(t.graph, actions, bytes));
+  auto plan = std::make_shared<const memory::ArenaPlan>(
+      memory::plan_arena(t.graph, actions, bytes, refine));
   std::lock_guard<std::mutex> lock(g_profiles_mutex);
   StepProfile& p = g_profiles[key];
   p.arena = plan;
@@ -679,8 +682,8 @@ void run_with_memory_plan(const FusionPlan& plan, const std::unordered_set<Node*
       simulated = memory::plan_step(t.graph, options);
       if (settled) store_plan(key, order, t.graph, planned.budget, 0, simulated);
     }
-    arena_plan =
-        arena_for(key, t, options.budget == 0 && reused ? reused->actions : simulated.actions);
+    arena_plan = arena_for(
+        key, t, options.budget == 0 && reused ? reused->actions : simulated.actions, settled);
   }
   const double planner_ms =
       std::chrono::duration<double, std::milli>(Clock::now() - planning_started).count();

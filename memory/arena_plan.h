@@ -36,7 +36,9 @@ struct ArenaPlan {
 /// Places the values allocated by `actions` (a plan of `graph`, as plan_step returns it)
 /// in one arena. `bytes[v]` is the memory value v takes in the arena (0: never there).
 /// Values never freed in the step, and chains of in-place runs that end in one, stay out.
+/// With `refine` it also tries nearby placement orders (up to tens of milliseconds, fewer
+/// tries on big steps) and keeps the smallest arena: for placements made once and reused.
 ArenaPlan plan_arena(const StepGraph& graph, const std::vector<PlanAction>& actions,
-                     const std::vector<size_t>& bytes);
+                     const std::vector<size_t>& bytes, bool refine = false);
 
 }  // namespace kiln::memory

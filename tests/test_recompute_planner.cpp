@@ -1623,8 +1623,8 @@ TEST_CASE("planner arena placements of random steps never overlap values alive t
   std::mt19937_64 rng(17);
   StepShape shape;
   shape.max_forward = 40;
-  int checked = 0;
-  size_t arena_bytes = 0, live_bytes = 0;
+  int checked = 0, refined_smaller = 0;
+  size_t arena_bytes = 0, live_bytes = 0, refined_bytes = 0;
   for (int n = 0; n < 150; ++n) {
     const StepGraph g = random_step(rng, shape);
     const std::vector<size_t> bytes = value_bytes(g);
@@ -1636,16 +1636,27 @@ TEST_CASE("planner arena placements of random steps never overlap values alive t
       const ArenaPlan arena = plan_arena(g, p.actions, bytes);
       INFO("graph " << n << ", budget " << budget << ": " << render(p.actions));
       REQUIRE(check_arena(g, p.actions, bytes, arena) == "");
+      // Refined: another valid placement, never bigger, the same for the same plan.
+      const ArenaPlan refined = plan_arena(g, p.actions, bytes, true);
+      REQUIRE(check_arena(g, p.actions, bytes, refined) == "");
+      CHECK(refined.bytes <= arena.bytes);
+      CHECK(refined.offsets == plan_arena(g, p.actions, bytes, true).offsets);
       ++checked;
+      refined_smaller += refined.bytes < arena.bytes;
       arena_bytes += arena.bytes;
+      refined_bytes += refined.bytes;
       live_bytes += arena.live_peak;
     }
   }
   CHECK(checked > 300);
   // Offsets chosen knowing every lifetime: close to the bytes alive at once (1.07 on these).
   CHECK(static_cast<double>(arena_bytes) <= 1.15 * static_cast<double>(live_bytes));
+  CHECK(refined_smaller > 0);
   WARN("arena placement of " << checked << " plans: arena / bytes alive at once = "
-                             << static_cast<double>(arena_bytes) / static_cast<double>(live_bytes));
+                             << static_cast<double>(arena_bytes) / static_cast<double>(live_bytes)
+                             << ", refined "
+                             << static_cast<double>(refined_bytes) / static_cast<double>(live_bytes)
+                             << " (smaller on " << refined_smaller << ")");
 }
 
 TEST_CASE("planner plan_within fits a budget the greedy gives up at by planning tighter",
