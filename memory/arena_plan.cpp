@@ -44,7 +44,7 @@ size_t place(const std::vector<Slot>& slots, const std::vector<int>& order,
 
 // Refinement (plan_arena with `refine`): moves of one value to an earlier place in the
 // placement order. Each try places every value again, so the tries are bounded by work:
-// about 200 on a Transformer step's ~450 values, none on an LSTM's thousands.
+// about 200 on a Transformer step's ~450 values, one to three on an LSTM's thousands.
 constexpr double kRefineWork = 4e7;  // Σ values² over the tries
 constexpr int kRefineMoves = 1000;
 
