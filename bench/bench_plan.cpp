@@ -102,12 +102,29 @@ Model make(const std::string& name) {
   }};
 }
 
-struct Measured {
-  double ms = 0;
-  size_t start = 0, peak = 0, kept = 0;
-  double planner_ms = 0, rebuilds = 0, reserve_ratio = 0, extra_pct = 0;
-  size_t planned_peak = 0;
+// What the memory plans of the timed steps said: means over the steps, and highest peaks.
+struct PlanFigures {
+  double planner_ms = 0, rebuilds = 0, extra_pct = 0;
+  size_t planned_peak = 0, kept = 0, arena = 0, arena_live = 0;
   bool within = true;
+
+  // Adds the plan of the step just run, one of `reps`.
+  void add(int reps) {
+    const memory::PlanSummary s = memory::last_plan();
+    planner_ms += s.planner_ms / reps;
+    rebuilds += static_cast<double>(s.recomputes) / reps;
+    extra_pct += (s.base_cost > 0 ? 100.0 * s.extra_cost / s.base_cost : 0) / reps;
+    planned_peak = std::max(planned_peak, s.planned_peak);
+    kept = s.output_bytes;
+    arena = std::max(arena, s.arena_bytes);
+    arena_live = std::max(arena_live, s.arena_live_peak);
+    within = within && s.within_budget;
+  }
+};
+
+struct Measured : PlanFigures {
+  double ms = 0, reserve_ratio = 0;
+  size_t start = 0, peak = 0;
 };
 
 // `reps` timed steps after one warm-up; peaks over the timed steps.
@@ -118,18 +135,11 @@ Measured measure(const Model& model, int reps, int seq) {
   m.start = pool().allocated();
   pool().reset_peak_stats();
   std::vector<double> times;
-  double planner = 0, rebuilds = 0, extra = 0;
   for (int i = 0; i < reps; ++i) {
     auto t0 = Clock::now();
     model.step(seq);
     times.push_back(ms_since(t0));
-    memory::PlanSummary s = memory::last_plan();
-    planner += s.planner_ms;
-    rebuilds += static_cast<double>(s.recomputes);
-    extra += s.base_cost > 0 ? 100.0 * s.extra_cost / s.base_cost : 0;
-    m.kept = s.output_bytes;
-    m.planned_peak = std::max(m.planned_peak, s.planned_peak);
-    m.within = m.within && s.within_budget;
+    m.add(reps);
   }
   memory::PoolStats st = pool().stats();
   if (std::getenv("KILN_BENCH_VERBOSE"))
@@ -137,9 +147,6 @@ Measured measure(const Model& model, int reps, int seq) {
   m.ms = median(times);
   m.peak = st.peak_allocated;
   m.reserve_ratio = st.reserve_ratio();
-  m.planner_ms = planner / reps;
-  m.rebuilds = rebuilds / reps;
-  m.extra_pct = extra / reps;
   return m;
 }
 
@@ -147,11 +154,9 @@ Measured measure(const Model& model, int reps, int seq) {
 // after an unplanned step of the same model, so that the machine's drift (the same
 // unplanned step moved by 15% between runs minutes apart) shows in both medians alike.
 // Two budgeted warm-up steps first (compiling, choosing the kernel order, timing kernels).
-struct Paired {
+struct Paired : PlanFigures {
   double ms = 0, base_ms = 0;
-  size_t peak = 0, planned_peak = 0, arena = 0, arena_live = 0;
-  double planner_ms = 0, rebuilds = 0, extra_pct = 0;
-  bool within = true;
+  size_t peak = 0;
 };
 
 Paired measure_paired(const Model& model, int reps, int seq, size_t budget) {
@@ -170,15 +175,8 @@ Paired measure_paired(const Model& model, int reps, int seq, size_t budget) {
     t0 = Clock::now();
     model.step(seq);
     times.push_back(ms_since(t0));
-    memory::PlanSummary s = memory::last_plan();
+    m.add(reps);
     m.peak = std::max(m.peak, pool().stats().peak_allocated);
-    m.planner_ms += s.planner_ms / reps;
-    m.rebuilds += static_cast<double>(s.recomputes) / reps;
-    m.extra_pct += (s.base_cost > 0 ? 100.0 * s.extra_cost / s.base_cost : 0) / reps;
-    m.planned_peak = std::max(m.planned_peak, s.planned_peak);
-    m.arena = std::max(m.arena, s.arena_bytes);
-    m.arena_live = std::max(m.arena_live, s.arena_live_peak);
-    m.within = m.within && s.within_budget;
   }
   m.ms = median(times);
   m.base_ms = median(base);

@@ -644,10 +644,8 @@ void run_with_memory_plan(const FusionPlan& plan, const std::unordered_set<Node*
   size_t executes_at = options.budget;
   std::shared_ptr<const memory::StepPlan> reused =
       settled ? stored_plan(key, order, t.graph, planned.budget, &executes_at) : nullptr;
-  memory::StepPlan simulated;
-  if (options.budget > 0 && reused) {
-    simulated = *reused;
-  } else if (options.budget > 0) {
+  memory::StepPlan simulated;  // planned now, when no stored plan applies
+  if (options.budget > 0 && !reused) {
     simulated = memory::plan_step(t.graph, planned);
     if (!simulated.feasible) {
       // Near the floor an order chosen with earlier costs may no longer fit with today's
@@ -677,14 +675,13 @@ void run_with_memory_plan(const FusionPlan& plan, const std::unordered_set<Node*
 
   // Offline placement (CPU): the plan says when every value is allocated and freed.
   std::shared_ptr<const memory::ArenaPlan> arena_plan;
-  if (!t.device.is_cuda() && arena_enabled()) {
-    if (options.budget == 0 && !reused) {
-      simulated = memory::plan_step(t.graph, options);
-      if (settled) store_plan(key, order, t.graph, planned.budget, 0, simulated);
-    }
-    arena_plan = arena_for(
-        key, t, options.budget == 0 && reused ? reused->actions : simulated.actions, settled);
+  const bool place = !t.device.is_cuda() && arena_enabled();
+  if (place && options.budget == 0 && !reused) {
+    simulated = memory::plan_step(t.graph, options);
+    if (settled) store_plan(key, order, t.graph, planned.budget, 0, simulated);
   }
+  const memory::StepPlan& step_plan = reused ? *reused : simulated;
+  if (place) arena_plan = arena_for(key, t, step_plan.actions, settled);
   const double planner_ms =
       std::chrono::duration<double, std::milli>(Clock::now() - planning_started).count();
 
@@ -701,7 +698,7 @@ void run_with_memory_plan(const FusionPlan& plan, const std::unordered_set<Node*
   s.budget = options.budget;
   s.start_bytes = t.graph.start_bytes;
   s.lower_bound = done.lower_bound;
-  s.planned_peak = options.budget > 0 ? simulated.peak : done.peak;
+  s.planned_peak = options.budget > 0 ? step_plan.peak : done.peak;
   s.measured_peak = done.peak;
   s.within_budget = options.budget == 0 || done.peak <= options.budget;
   s.kernels = t.graph.kernels.size();
@@ -712,8 +709,8 @@ void run_with_memory_plan(const FusionPlan& plan, const std::unordered_set<Node*
   s.evictions = done.evictions;
   s.evicted_bytes = done.evicted_bytes;
   // Without a budget every eviction is a checkpoint's, none the fallback's.
-  s.fallback_evictions = options.budget > 0 && done.evictions > simulated.evictions
-                             ? done.evictions - simulated.evictions
+  s.fallback_evictions = options.budget > 0 && done.evictions > step_plan.evictions
+                             ? done.evictions - step_plan.evictions
                              : 0;
   s.base_cost = done.base_cost;
   s.extra_cost = done.extra_cost;
