@@ -42,6 +42,92 @@ size_t place(const std::vector<Slot>& slots, const std::vector<int>& order,
   return size;
 }
 
+// How place_skyline chooses among the values that fit the lowest stretch of time.
+enum class SkylineRule { Largest, Longest, Area, Edge };
+
+// Places `ids`' slots as a skyline (the best-fit heuristic of two-dimensional strip packing,
+// with time as the fixed axis): the lowest stretch of the skyline takes, of the values alive
+// only within it, the one `rule` prefers, on top of what is below; when none fits, the
+// stretch rises to its lower neighbour and the bytes between are lost. Greedy by size
+// scatters the many short lifetimes of a planned step (rebuilds between long-lived
+// values) and leaves gaps nothing fits; filling the lowest stretch first keeps the top
+// flat. Returns the arena's size.
+size_t place_skyline(const std::vector<Slot>& slots, std::vector<int> ids, int horizon,
+                     SkylineRule rule, std::vector<int64_t>& offset) {
+  struct Stretch {
+    int from, to;  // actions, both included
+    size_t height;
+  };
+  std::vector<Stretch> sky{{0, horizon - 1, 0}};
+  std::stable_sort(ids.begin(), ids.end(), [&](int a, int b) {
+    return slots[static_cast<size_t>(a)].start < slots[static_cast<size_t>(b)].start;
+  });
+  std::vector<char> done(slots.size(), 0);
+  size_t left = ids.size(), size = 0;
+  auto score = [&](const Slot& s, const Stretch& at) {
+    const auto span = static_cast<double>(s.end - s.start + 1);
+    const auto bytes = static_cast<double>(s.bytes);
+    switch (rule) {
+      case SkylineRule::Largest:
+        return bytes * 1e7 + span;
+      case SkylineRule::Longest:
+        return span * 1e13 + bytes;
+      case SkylineRule::Area:
+        return bytes * span;
+      case SkylineRule::Edge:
+        break;
+    }
+    // A value that starts or ends with the stretch leaves one piece of it, not two.
+    return static_cast<double>(s.start == at.from || s.end == at.to) * 1e30 + bytes * 1e7 + span;
+  };
+  while (left > 0) {
+    size_t low = 0;
+    for (size_t i = 1; i < sky.size(); ++i)
+      if (sky[i].height < sky[low].height) low = i;
+    const Stretch at = sky[low];
+    int best = -1;
+    double best_score = -1;
+    auto it = std::lower_bound(ids.begin(), ids.end(), at.from, [&](int i, int from) {
+      return slots[static_cast<size_t>(i)].start < from;
+    });
+    for (; it != ids.end() && slots[static_cast<size_t>(*it)].start <= at.to; ++it) {
+      const Slot& s = slots[static_cast<size_t>(*it)];
+      if (done[static_cast<size_t>(*it)] || s.end > at.to) continue;
+      if (const double sc = score(s, at); sc > best_score) best_score = sc, best = *it;
+    }
+    if (best < 0) {
+      // Nothing fits: raise the stretch to its lower neighbour (one exists: every value
+      // fits the whole step, so the lowest stretch is never alone while values are left).
+      size_t to = std::numeric_limits<size_t>::max();
+      if (low > 0) to = sky[low - 1].height;
+      if (low + 1 < sky.size()) to = std::min(to, sky[low + 1].height);
+      sky[low].height = to;
+    } else {
+      const Slot& s = slots[static_cast<size_t>(best)];
+      done[static_cast<size_t>(best)] = 1;
+      --left;
+      offset[static_cast<size_t>(best)] = static_cast<int64_t>(at.height);
+      size = std::max(size, at.height + s.bytes);
+      std::vector<Stretch> parts;
+      if (s.start > at.from) parts.push_back({at.from, s.start - 1, at.height});
+      parts.push_back({s.start, s.end, at.height + s.bytes});
+      if (s.end < at.to) parts.push_back({s.end + 1, at.to, at.height});
+      sky.erase(sky.begin() + static_cast<std::ptrdiff_t>(low));
+      sky.insert(sky.begin() + static_cast<std::ptrdiff_t>(low), parts.begin(), parts.end());
+    }
+    // Neighbours of equal height are one stretch.
+    size_t kept = 0;
+    for (size_t i = 0; i < sky.size(); ++i) {
+      if (kept > 0 && sky[kept - 1].height == sky[i].height)
+        sky[kept - 1].to = sky[i].to;
+      else
+        sky[kept++] = sky[i];
+    }
+    sky.resize(kept);
+  }
+  return size;
+}
+
 // Refinement (plan_arena with `refine`): moves of one value to an earlier place in the
 // placement order. Each try places every value again, so the tries are bounded by work:
 // about 200 on a Transformer step's ~450 values, one to three on an LSTM's thousands.
@@ -144,14 +230,23 @@ ArenaPlan plan_arena(const StepGraph& graph, const std::vector<PlanAction>& acti
     const size_t bytes = place(slots, order, offset);
     if (bytes < best_bytes) best_bytes = bytes, best_offsets = offset, best_order = &order;
   }
+  const size_t best_order_bytes = best_bytes;
+  // The skyline rules: none is best on every step either, nor is greedy by size.
+  for (SkylineRule rule :
+       {SkylineRule::Largest, SkylineRule::Longest, SkylineRule::Area, SkylineRule::Edge}) {
+    if (freed.empty() || best_bytes <= plan.live_peak) break;
+    const size_t bytes =
+        place_skyline(slots, freed, static_cast<int>(actions.size()), rule, offset);
+    if (bytes < best_bytes) best_bytes = bytes, best_offsets = offset;
+  }
   if (refine && best_bytes > plan.live_peak && freed.size() > 2) {
-    // Hill climbing from the best order, sideways moves included (the arena's size is flat
+    // Hill climbing from the best greedy order, sideways moves included (the arena's size is flat
     // over most moves). A fixed seed: the same plan always gets the same placement.
     const auto n = static_cast<double>(freed.size());
     const int moves = static_cast<int>(std::min<double>(kRefineMoves, kRefineWork / (n * n)));
     uint64_t state = 0x6b696c6e;
     std::vector<int> current = *best_order;
-    size_t current_bytes = best_bytes;
+    size_t current_bytes = best_order_bytes;
     for (int m = 0; m < moves && best_bytes > plan.live_peak; ++m) {
       std::vector<int> next = current;
       const size_t from = next_random(state) % next.size();

@@ -6,8 +6,9 @@
 // knows every allocation and free of the step in advance, so the offsets can be chosen
 // once, knowing all lifetimes: largest values first, each in the smallest gap left by the
 // values placed before it that are alive at the same time (TFLite's "greedy by size"
-// arena planner; RECOMPUTE.md §2a, "Pool loop"). The arena then needs little more than the
-// step's peak of bytes alive at once.
+// arena planner; RECOMPUTE.md §2a, "Pool loop"), or as a skyline that always fills its
+// lowest stretch of time (strip packing's best fit), whichever needs less. The arena then
+// needs little more than the step's peak of bytes alive at once.
 #include <cstddef>
 #include <cstdint>
 #include <vector>
