@@ -409,6 +409,8 @@ struct StepProfile {
   /// The budget execution decides against with this plan: the user's, or a tighter one
   /// the plan was found at (see run_with_memory_plan).
   size_t plan_executes_at = 0;
+  /// How the plan's victims were chosen (sampling and seed): execution decides the same way.
+  memory::PlannerOptions plan_policy;
 };
 
 // Steps timed before the costs are final. Later steps are not timed, so their plans and
@@ -492,7 +494,8 @@ void remember_times(uint64_t key, const std::vector<double>& seconds,
 // or null.
 std::shared_ptr<const memory::StepPlan> stored_plan(uint64_t key, memory::ScheduleOrder order,
                                                     const memory::StepGraph& g, size_t budget,
-                                                    size_t* executes_at) {
+                                                    size_t* executes_at,
+                                                    memory::PlannerOptions* policy) {
   std::lock_guard<std::mutex> lock(g_profiles_mutex);
   auto it = g_profiles.find(key);
   if (it == g_profiles.end()) return nullptr;
@@ -500,11 +503,13 @@ std::shared_ptr<const memory::StepPlan> stored_plan(uint64_t key, memory::Schedu
   if (!p.plan || p.plan_order != order || p.plan_start != g.start_bytes || p.plan_budget != budget)
     return nullptr;
   *executes_at = p.plan_executes_at;
+  *policy = p.plan_policy;
   return p.plan;
 }
 
 void store_plan(uint64_t key, memory::ScheduleOrder order, const memory::StepGraph& g,
-                size_t budget, size_t executes_at, const memory::StepPlan& plan) {
+                size_t budget, size_t executes_at, const memory::StepPlan& plan,
+                const memory::PlannerOptions& policy) {
   auto stored = std::make_shared<const memory::StepPlan>(plan);
   std::lock_guard<std::mutex> lock(g_profiles_mutex);
   StepProfile& p = g_profiles[key];
@@ -513,6 +518,7 @@ void store_plan(uint64_t key, memory::ScheduleOrder order, const memory::StepGra
   p.plan_start = g.start_bytes;
   p.plan_budget = budget;
   p.plan_executes_at = executes_at;
+  p.plan_policy = policy;
 }
 
 // The arena placement of a plan's values, planned once per step tables and plan: a
@@ -642,11 +648,14 @@ void run_with_memory_plan(const FusionPlan& plan, const std::unordered_set<Node*
   // Execution decides against this budget: the user's, unless the plan was only found at a
   // tighter one (below).
   size_t executes_at = options.budget;
+  // How victims are chosen; a plan made once is chosen among a few ways (plan_step_best).
+  memory::PlannerOptions policy = planned;
   std::shared_ptr<const memory::StepPlan> reused =
-      settled ? stored_plan(key, order, t.graph, planned.budget, &executes_at) : nullptr;
+      settled ? stored_plan(key, order, t.graph, planned.budget, &executes_at, &policy) : nullptr;
   memory::StepPlan simulated;  // planned now, when no stored plan applies
   if (options.budget > 0 && !reused) {
-    simulated = memory::plan_step(t.graph, planned);
+    simulated = settled ? memory::plan_step_best(t.graph, planned, &policy)
+                        : memory::plan_step(t.graph, planned);
     if (!simulated.feasible) {
       // Near the floor an order chosen with earlier costs may no longer fit with today's
       // measured ones: back to the given order, and choose again before refusing.
@@ -664,13 +673,14 @@ void run_with_memory_plan(const FusionPlan& plan, const std::unordered_set<Node*
       // execution then decides against the tighter budget too, so that it takes the same
       // path.
       size_t used = planned.budget;
+      policy = planned;
       simulated = memory::plan_within(t.graph, planned, &used);
       if (simulated.feasible && used < planned.budget)
         executes_at =
             std::min(options.budget, static_cast<size_t>(static_cast<double>(used) / margin));
     }
     if (!simulated.feasible) raise_over_budget(t, groups, options, simulated, tail);
-    if (settled) store_plan(key, order, t.graph, planned.budget, executes_at, simulated);
+    if (settled) store_plan(key, order, t.graph, planned.budget, executes_at, simulated, policy);
   }
 
   // Offline placement (CPU): the plan says when every value is allocated and freed.
@@ -678,7 +688,7 @@ void run_with_memory_plan(const FusionPlan& plan, const std::unordered_set<Node*
   const bool place = !t.device.is_cuda() && arena_enabled();
   if (place && options.budget == 0 && !reused) {
     simulated = memory::plan_step(t.graph, options);
-    if (settled) store_plan(key, order, t.graph, planned.budget, 0, simulated);
+    if (settled) store_plan(key, order, t.graph, planned.budget, 0, simulated, policy);
   }
   const memory::StepPlan& step_plan = reused ? *reused : simulated;
   if (place) arena_plan = arena_for(key, t, step_plan.actions, settled);
@@ -688,7 +698,7 @@ void run_with_memory_plan(const FusionPlan& plan, const std::unordered_set<Node*
   const bool record = memory::step_recording();
   OpenArena arena(pool_of(t.device), arena_plan ? arena_plan->bytes : 0);
   JitMachine machine(groups, t, run, record, arena_plan.get(), arena.base());
-  memory::PlannerOptions execution = options;
+  memory::PlannerOptions execution = policy;
   execution.budget = executes_at;
   memory::StepPlan done = memory::execute_step(t.graph, execution, machine);
   if (timed) remember_times(key, machine.seconds_, perm);

@@ -122,6 +122,14 @@ StepPlan plan_step(const StepGraph& graph, const PlannerOptions& options);
 /// feasible = false and the overshoot is in `peak`.
 StepPlan execute_step(const StepGraph& graph, const PlannerOptions& options, StepMachine& machine);
 
+/// plan_step in a few ways, keeping the feasible plan with the least recomputation (then
+/// the lower peak, then the first tried): as `options` say, with every candidate scored
+/// rather than a sample, and with two other sampling seeds. For a plan made once and reused
+/// (about four plannings more). `*chosen` receives the options of the plan kept: execution
+/// must decide with them to follow it.
+StepPlan plan_step_best(const StepGraph& graph, const PlannerOptions& options,
+                        PlannerOptions* chosen);
+
 /// plan_step under `options.budget`, or where the greedy gives up there, under the first of
 /// 15 tighter budgets (evenly down to the lower bound) where it does not: near the floor the
 /// greedy is not monotone in the budget (a tighter budget sends it down another path). A

@@ -275,6 +275,7 @@ TEST_CASE("values placed in the step's arena compute what pool blocks compute", 
         CHECK(s.arena_bytes > 0);
         CHECK(s.arena_values > 0);
         CHECK(s.arena_misses == 0);
+        CHECK(s.arena_strayed_at == 0);  // execution ran the plan's runs, reused or not
         CHECK(s.arena_bytes >= s.arena_live_peak);
         CHECK(s.within_budget);
         if (fraction > 0) CHECK(s.recomputes > 0);

@@ -38,6 +38,7 @@ using kiln::memory::lower_bound;
 using kiln::memory::order_name;
 using kiln::memory::plan_arena;
 using kiln::memory::plan_step;
+using kiln::memory::plan_step_best;
 using kiln::memory::plan_within;
 using kiln::memory::PlanAction;
 using kiln::memory::PlanKernel;
@@ -1685,6 +1686,48 @@ TEST_CASE("planner arena placements of random steps never overlap values alive t
                              << ", refined "
                              << static_cast<double>(refined_bytes) / static_cast<double>(live_bytes)
                              << " (smaller on " << refined_smaller << ")");
+}
+
+TEST_CASE("planner plan_step_best never recomputes more, and its options reproduce its plan",
+          "[planner]") {
+  std::mt19937_64 rng(29);
+  StepShape shape;
+  // Long enough that more than the 32 sampled candidates are resident at once.
+  shape.min_forward = 60;
+  shape.max_forward = 120;
+  int compared = 0, better = 0;
+  double default_cost = 0, best_cost = 0;
+  for (int n = 0; n < 60; ++n) {
+    const StepGraph g = random_step(rng, shape);
+    const size_t lb = lower_bound(g), top = plan_step(g, PlannerOptions{}).peak;
+    for (size_t budget : {(lb + top) / 2, lb + (top - lb) / 5}) {
+      PlannerOptions o;
+      o.budget = budget;
+      const StepPlan plain = plan_step(g, o);
+      PlannerOptions chosen;
+      const StepPlan best = plan_step_best(g, o, &chosen);
+      INFO("graph " << n << ", budget " << budget);
+      if (plain.feasible) {
+        REQUIRE(best.feasible);
+        CHECK(best.extra_cost <= plain.extra_cost);
+        ++compared;
+        better += best.extra_cost < plain.extra_cost;
+        default_cost += plain.extra_cost;
+        best_cost += best.extra_cost;
+      }
+      if (!best.feasible) continue;
+      CHECK(chosen.budget == budget);
+      const StepPlan again = plan_step(g, chosen);
+      CHECK(again.feasible);
+      CHECK(render(again.actions) == render(best.actions));
+      CHECK(best.peak <= budget);
+    }
+  }
+  CHECK(compared > 60);
+  CHECK(better > 0);
+  WARN("plan_step_best on " << compared << " budgeted random steps: less recomputation on "
+                            << better << ", " << best_cost / default_cost
+                            << "x the extra work of plan_step");
 }
 
 TEST_CASE("planner plan_within fits a budget the greedy gives up at by planning tighter",
