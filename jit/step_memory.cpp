@@ -7,9 +7,11 @@
 #include <limits>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <unordered_map>
 
 #include "../core/error.h"
+#include "../memory/arena_fit.h"
 #include "../memory/arena_plan.h"
 #include "../memory/budget.h"
 #include "../memory/caching_pool.h"
@@ -411,6 +413,9 @@ struct StepProfile {
   size_t plan_executes_at = 0;
   /// How the plan's victims were chosen (sampling and seed): execution decides the same way.
   memory::PlannerOptions plan_policy;
+  /// The budget of allocated bytes the plan was made for, and the releases it keeps in the
+  /// arena's gaps (memory/arena_fit.h); 0 and 0 when it was not fitted.
+  size_t plan_fitted_for = 0, plan_kept_in_gaps = 0;
 };
 
 // Steps timed before the costs are final. Later steps are not timed, so their plans and
@@ -473,6 +478,12 @@ memory::ScheduleOrder profile_and_order(uint64_t key, memory::StepGraph& g,
   return order;
 }
 
+// Makes `order` the step's kernel order from now on.
+void remember_order(uint64_t key, memory::ScheduleOrder order) {
+  std::lock_guard<std::mutex> lock(g_profiles_mutex);
+  g_profiles[key].order = order;
+}
+
 // Records the run times of a step's first runs (`seconds` in run order, `perm` maps run
 // order to the given order).
 void remember_times(uint64_t key, const std::vector<double>& seconds,
@@ -495,7 +506,8 @@ void remember_times(uint64_t key, const std::vector<double>& seconds,
 std::shared_ptr<const memory::StepPlan> stored_plan(uint64_t key, memory::ScheduleOrder order,
                                                     const memory::StepGraph& g, size_t budget,
                                                     size_t* executes_at,
-                                                    memory::PlannerOptions* policy) {
+                                                    memory::PlannerOptions* policy,
+                                                    size_t* fitted_for, size_t* kept_in_gaps) {
   std::lock_guard<std::mutex> lock(g_profiles_mutex);
   auto it = g_profiles.find(key);
   if (it == g_profiles.end()) return nullptr;
@@ -504,12 +516,14 @@ std::shared_ptr<const memory::StepPlan> stored_plan(uint64_t key, memory::Schedu
     return nullptr;
   *executes_at = p.plan_executes_at;
   *policy = p.plan_policy;
+  *fitted_for = p.plan_fitted_for;
+  *kept_in_gaps = p.plan_kept_in_gaps;
   return p.plan;
 }
 
 void store_plan(uint64_t key, memory::ScheduleOrder order, const memory::StepGraph& g,
                 size_t budget, size_t executes_at, const memory::StepPlan& plan,
-                const memory::PlannerOptions& policy) {
+                const memory::PlannerOptions& policy, const memory::ArenaFit* fit) {
   auto stored = std::make_shared<const memory::StepPlan>(plan);
   std::lock_guard<std::mutex> lock(g_profiles_mutex);
   StepProfile& p = g_profiles[key];
@@ -519,19 +533,29 @@ void store_plan(uint64_t key, memory::ScheduleOrder order, const memory::StepGra
   p.plan_budget = budget;
   p.plan_executes_at = executes_at;
   p.plan_policy = policy;
+  p.plan_fitted_for = fit ? fit->planned_for : 0;
+  p.plan_kept_in_gaps = fit ? fit->kept_in_gaps : 0;
 }
 
 // The arena placement of a plan's values, planned once per step tables and plan: a
 // training loop repeats the same plan, and placing thousands of values takes milliseconds.
 // `refine` (for a plan made once and reused) spends more time on a smaller arena.
-std::shared_ptr<const memory::ArenaPlan> arena_for(uint64_t key, const StepTables& t,
-                                                   const std::vector<memory::PlanAction>& actions,
-                                                   bool refine) {
-  // The tables see the pool's size classes; offsets depend on the exact sizes too.
+// The bytes each value takes in the arena. The tables see the pool's size classes; offsets
+// depend on the exact sizes too.
+std::vector<size_t> arena_sizes(const StepTables& t) {
   std::vector<size_t> bytes(t.nodes.size(), 0);
   for (size_t v = 0; v < t.nodes.size(); ++v)
     if (const Node* n = t.nodes[v]; n->device == t.device && n->nbytes() > 0)
       bytes[v] = (n->nbytes() + 63) / 64 * 64;
+  return bytes;
+}
+
+// `made`, when given, is the placement of these actions made already (by fit_to_budget).
+std::shared_ptr<const memory::ArenaPlan> arena_for(uint64_t key, const StepTables& t,
+                                                   const std::vector<memory::PlanAction>& actions,
+                                                   bool refine,
+                                                   const memory::ArenaPlan* made = nullptr) {
+  const std::vector<size_t> bytes = arena_sizes(t);
   KeyHash mix;
   for (const memory::PlanAction& a : actions)
     mix(static_cast<uint64_t>(a.id) << 8 | static_cast<uint64_t>(a.kind) << 1 | a.in_place);
@@ -545,7 +569,7 @@ std::shared_ptr<const memory::ArenaPlan> arena_for(uint64_t key, const StepTable
       return it->second.arena;
   }
   auto plan = std::make_shared<const memory::ArenaPlan>(
-      memory::plan_arena(t.graph, actions, bytes, refine));
+      made ? *made : memory::plan_arena(t.graph, actions, bytes, refine));
   std::lock_guard<std::mutex> lock(g_profiles_mutex);
   StepProfile& p = g_profiles[key];
   p.arena = plan;
@@ -645,28 +669,65 @@ void run_with_memory_plan(const FusionPlan& plan, const std::unordered_set<Node*
     reorder_tables(t, groups, perm);
   };
   run_in(order);
+  // Back to the given order, then into `o`.
+  auto switch_to = [&](memory::ScheduleOrder o) {
+    if (order != memory::ScheduleOrder::Given) {
+      const std::vector<int> back = memory::inverse_permutation(perm);
+      Schedule given;
+      given.reserve(groups.size());
+      for (int k : back) given.push_back(groups[static_cast<size_t>(k)]);
+      groups = std::move(given);
+      reorder_tables(t, groups, back);
+    }
+    order = o;
+    run_in(o);
+  };
   // Execution decides against this budget: the user's, unless the plan was only found at a
   // tighter one (below).
   size_t executes_at = options.budget;
   // How victims are chosen; a plan made once is chosen among a few ways (plan_step_best).
   memory::PlannerOptions policy = planned;
+  size_t fitted_for = 0, kept_in_gaps = 0;
   std::shared_ptr<const memory::StepPlan> reused =
-      settled ? stored_plan(key, order, t.graph, planned.budget, &executes_at, &policy) : nullptr;
+      settled ? stored_plan(key, order, t.graph, planned.budget, &executes_at, &policy, &fitted_for,
+                            &kept_in_gaps)
+              : nullptr;
   memory::StepPlan simulated;  // planned now, when no stored plan applies
+  // Offline placement (CPU): the plan says when every value is allocated and freed.
+  const bool place = !t.device.is_cuda() && arena_enabled();
+  // With an arena, the plan is fitted so that the arena and the blocks beside it keep the
+  // budget too (memory/arena_fit.h).
+  std::optional<memory::ArenaFit> fit;
   if (options.budget > 0 && !reused) {
-    simulated = settled ? memory::plan_step_best(t.graph, planned, &policy)
-                        : memory::plan_step(t.graph, planned);
+    if (place) {
+      fit = memory::fit_to_budget(t.graph, planned, arena_sizes(t), settled);
+      if (settled && fit->plan.feasible && !fit->holds) {
+        // The order was chosen for the least recomputation, not for packing: another order
+        // may fit its reserve in the budget where this one cannot. The plan made once
+        // takes the first of the others that does, with the least recomputation.
+        const memory::ScheduleOrder chosen = order;
+        std::optional<memory::ScheduleOrder> better;
+        for (memory::ScheduleOrder other : memory::all_orders()) {
+          if (other == chosen) continue;
+          switch_to(other);
+          memory::ArenaFit tried = memory::fit_to_budget(t.graph, planned, arena_sizes(t), true);
+          if (tried.plan.feasible && tried.holds &&
+              (!better || tried.plan.extra_cost < fit->plan.extra_cost))
+            better = other, fit = std::move(tried);
+        }
+        switch_to(better ? *better : chosen);
+        if (better) remember_order(key, order);
+      }
+      simulated = fit->plan;
+      policy = fit->policy;
+    } else {
+      simulated = settled ? memory::plan_step_best(t.graph, planned, &policy)
+                          : memory::plan_step(t.graph, planned);
+    }
     if (!simulated.feasible) {
       // Near the floor an order chosen with earlier costs may no longer fit with today's
       // measured ones: back to the given order, and choose again before refusing.
-      if (order != memory::ScheduleOrder::Given) {
-        const std::vector<int> back = memory::inverse_permutation(perm);
-        Schedule given;
-        given.reserve(groups.size());
-        for (int k : back) given.push_back(groups[static_cast<size_t>(k)]);
-        groups = std::move(given);
-        reorder_tables(t, groups, back);
-      }
+      switch_to(memory::ScheduleOrder::Given);
       order = profile_and_order(key, t.graph, planned, tail, timed, &settled, true);
       run_in(order);
       // Near the floor the greedy may give up at this budget and fit a tighter one;
@@ -674,24 +735,27 @@ void run_with_memory_plan(const FusionPlan& plan, const std::unordered_set<Node*
       // path.
       size_t used = planned.budget;
       policy = planned;
+      fit.reset();
       simulated = memory::plan_within(t.graph, planned, &used);
       if (simulated.feasible && used < planned.budget)
         executes_at =
             std::min(options.budget, static_cast<size_t>(static_cast<double>(used) / margin));
     }
     if (!simulated.feasible) raise_over_budget(t, groups, options, simulated, tail);
-    if (settled) store_plan(key, order, t.graph, planned.budget, executes_at, simulated, policy);
+    if (settled)
+      store_plan(key, order, t.graph, planned.budget, executes_at, simulated, policy,
+                 fit ? &*fit : nullptr);
+    if (fit) fitted_for = fit->planned_for, kept_in_gaps = fit->kept_in_gaps;
   }
 
-  // Offline placement (CPU): the plan says when every value is allocated and freed.
   std::shared_ptr<const memory::ArenaPlan> arena_plan;
-  const bool place = !t.device.is_cuda() && arena_enabled();
   if (place && options.budget == 0 && !reused) {
     simulated = memory::plan_step(t.graph, options);
-    if (settled) store_plan(key, order, t.graph, planned.budget, 0, simulated, policy);
+    if (settled) store_plan(key, order, t.graph, planned.budget, 0, simulated, policy, nullptr);
   }
   const memory::StepPlan& step_plan = reused ? *reused : simulated;
-  if (place) arena_plan = arena_for(key, t, step_plan.actions, settled);
+  if (place)
+    arena_plan = arena_for(key, t, step_plan.actions, settled, fit ? &fit->arena : nullptr);
   const double planner_ms =
       std::chrono::duration<double, std::milli>(Clock::now() - planning_started).count();
 
@@ -700,6 +764,10 @@ void run_with_memory_plan(const FusionPlan& plan, const std::unordered_set<Node*
   JitMachine machine(groups, t, run, record, arena_plan.get(), arena.base());
   memory::PlannerOptions execution = policy;
   execution.budget = executes_at;
+  // Execution makes the plan's evictions where the plan made them (a plan kept values in
+  // the arena's gaps that the budget's own choice would release), and chooses by score only
+  // what the real allocations need more.
+  execution.follow = &step_plan.chosen;
   memory::StepPlan done = memory::execute_step(t.graph, execution, machine);
   if (timed) remember_times(key, machine.seconds_, perm);
 
@@ -733,6 +801,12 @@ void run_with_memory_plan(const FusionPlan& plan, const std::unordered_set<Node*
     s.arena_values = machine.arena_values_;
     s.arena_misses = machine.arena_misses_;
     s.arena_strayed_at = machine.strayed_ ? machine.next_run_ + 1 : 0;
+    if (options.budget > 0 && fitted_for > 0) {
+      s.planned_for = fitted_for;
+      s.kept_in_gaps = kept_in_gaps;
+      s.planned_reserve = arena_plan->bytes + arena_plan->outside_peak;
+      s.reserve_over_budget = s.planned_reserve > planned.budget;
+    }
   }
   std::unordered_set<int> in_place(machine.in_place_kernels_.begin(),
                                    machine.in_place_kernels_.end());

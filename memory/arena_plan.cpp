@@ -6,13 +6,15 @@
 namespace kiln::memory {
 namespace {
 
+constexpr int kKept = std::numeric_limits<int>::max();  // never freed: kept past the step
+
 // One piece of arena memory: the value one run writes, and the in-place runs that take
 // it over, alive from action `start` to action `end` (both included).
 struct Slot {
   size_t bytes = 0;
   int start = 0;
-  int end = std::numeric_limits<int>::max();  // never freed: kept past the step
-  int kernel = -1, run = -1;                  // the run that allocates it
+  int end = kKept;
+  int kernel = -1, run = -1;  // the run that allocates it
 };
 
 // Places `order`'s slots one by one, each in the smallest gap between the slots placed
@@ -128,6 +130,45 @@ size_t place_skyline(const std::vector<Slot>& slots, std::vector<int> ids, int h
   return size;
 }
 
+// Places `ids`' slots at the offsets `hint` gives their runs; returns the arena's size, or
+// the largest size_t when a run has no offset there or two slots alive together overlap.
+size_t place_as_hinted(const std::vector<Slot>& slots, std::vector<int> ids,
+                       const std::vector<std::vector<int64_t>>& hint,
+                       std::vector<int64_t>& offset) {
+  constexpr size_t kInvalid = std::numeric_limits<size_t>::max();
+  size_t size = 0;
+  for (int i : ids) {
+    const Slot& s = slots[static_cast<size_t>(i)];
+    if (static_cast<size_t>(s.kernel) >= hint.size() ||
+        static_cast<size_t>(s.run) >= hint[static_cast<size_t>(s.kernel)].size())
+      return kInvalid;
+    const int64_t at = hint[static_cast<size_t>(s.kernel)][static_cast<size_t>(s.run)];
+    if (at < 0) return kInvalid;
+    offset[static_cast<size_t>(i)] = at;
+    size = std::max(size, static_cast<size_t>(at) + s.bytes);
+  }
+  // Sweep by start: each slot against those started before it and still alive.
+  std::stable_sort(ids.begin(), ids.end(), [&](int a, int b) {
+    return slots[static_cast<size_t>(a)].start < slots[static_cast<size_t>(b)].start;
+  });
+  std::vector<int> alive;
+  for (int i : ids) {
+    const Slot& s = slots[static_cast<size_t>(i)];
+    const int64_t lo = offset[static_cast<size_t>(i)], hi = lo + static_cast<int64_t>(s.bytes);
+    size_t kept = 0;
+    for (int j : alive) {
+      const Slot& o = slots[static_cast<size_t>(j)];
+      if (o.end < s.start) continue;
+      alive[kept++] = j;
+      const int64_t olo = offset[static_cast<size_t>(j)];
+      if (olo < hi && lo < olo + static_cast<int64_t>(o.bytes)) return kInvalid;
+    }
+    alive.resize(kept);
+    alive.push_back(i);
+  }
+  return size;
+}
+
 // Refinement (plan_arena with `refine`): moves of one value to an earlier place in the
 // placement order. Each try places every value again, so the tries are bounded by work:
 // about 200 on a Transformer step's ~450 values, one to three on an LSTM's thousands.
@@ -141,29 +182,27 @@ uint64_t next_random(uint64_t& state) {
   return z ^ (z >> 31);
 }
 
-}  // namespace
-
-int64_t ArenaPlan::offset(int k, int run) const {
-  if (k < 0 || static_cast<size_t>(k) >= offsets.size()) return -1;
-  const auto& runs = offsets[static_cast<size_t>(k)];
-  return run >= 0 && static_cast<size_t>(run) < runs.size() ? runs[static_cast<size_t>(run)] : -1;
-}
-
-ArenaPlan plan_arena(const StepGraph& graph, const std::vector<PlanAction>& actions,
-                     const std::vector<size_t>& bytes, bool refine) {
-  ArenaPlan plan;
-  plan.offsets.resize(graph.kernels.size());
+// The arena's pieces of memory as a plan's actions use them.
+struct Layout {
   std::vector<Slot> slots;
+  std::vector<int> made;   // per action: the slot its run allocates, or -1
+  std::vector<int> ended;  // per action: the slot its free or eviction ends, or -1
+  size_t outside_peak = 0;
+};
+
+Layout lay_out(const StepGraph& graph, const std::vector<PlanAction>& actions,
+               const std::vector<size_t>& bytes) {
+  Layout l;
+  l.made.assign(actions.size(), -1);
+  l.ended.assign(actions.size(), -1);
   std::vector<int> holds(graph.values.size(), -1);  // the slot of each value's current copy
+  std::vector<int> runs(graph.kernels.size(), 0);
   for (size_t t = 0; t < actions.size(); ++t) {
     const PlanAction& a = actions[t];
     const int now = static_cast<int>(t);
     if (a.kind == PlanAction::Kind::Run || a.kind == PlanAction::Kind::Recompute) {
       const PlanKernel& k = graph.kernels[static_cast<size_t>(a.id)];
-      auto& runs = plan.offsets[static_cast<size_t>(a.id)];
-      const int run = static_cast<int>(runs.size());
-      runs.push_back(-1);
-      plan.runs.push_back(a.id);
+      const int run = runs[static_cast<size_t>(a.id)]++;
       const auto out = static_cast<size_t>(k.output);
       if (a.in_place && k.in_place_input >= 0) {
         // The output takes over its input's memory, whichever it is.
@@ -181,18 +220,69 @@ ArenaPlan plan_arena(const StepGraph& graph, const std::vector<PlanAction>& acti
       s.start = now;
       s.kernel = a.id;
       s.run = run;
-      holds[out] = static_cast<int>(slots.size());
-      slots.push_back(s);
+      holds[out] = static_cast<int>(l.slots.size());
+      l.made[t] = holds[out];
+      l.slots.push_back(s);
     } else {
       int& slot = holds[static_cast<size_t>(a.id)];
-      if (slot >= 0) slots[static_cast<size_t>(slot)].end = now;
+      if (slot >= 0) l.slots[static_cast<size_t>(slot)].end = now, l.ended[t] = slot;
       slot = -1;
     }
   }
+  // The bytes held outside the arena (leaves, values kept past the step, in the plan's
+  // sizes): the pool keeps those blocks beside the arena.
+  std::vector<char> inside(graph.values.size(), 0);
+  size_t outside = graph.start_bytes;
+  l.outside_peak = outside;
+  for (size_t t = 0; t < actions.size(); ++t) {
+    const PlanAction& a = actions[t];
+    if (a.kind == PlanAction::Kind::Run || a.kind == PlanAction::Kind::Recompute) {
+      const PlanKernel& k = graph.kernels[static_cast<size_t>(a.id)];
+      const auto out = static_cast<size_t>(k.output);
+      if (a.in_place && k.in_place_input >= 0) {
+        char& donor = inside[static_cast<size_t>(k.in_place_input)];
+        inside[out] = donor;
+        donor = 0;
+        continue;
+      }
+      const int slot = l.made[t];
+      inside[out] = slot >= 0 && l.slots[static_cast<size_t>(slot)].end != kKept;
+      if (!inside[out]) outside += graph.values[out].bytes;
+    } else {
+      char& in = inside[static_cast<size_t>(a.id)];
+      if (!in) outside -= std::min(outside, graph.values[static_cast<size_t>(a.id)].bytes);
+      in = 0;
+    }
+    l.outside_peak = std::max(l.outside_peak, outside);
+  }
+  return l;
+}
+
+}  // namespace
+
+int64_t ArenaPlan::offset(int k, int run) const {
+  if (k < 0 || static_cast<size_t>(k) >= offsets.size()) return -1;
+  const auto& runs = offsets[static_cast<size_t>(k)];
+  return run >= 0 && static_cast<size_t>(run) < runs.size() ? runs[static_cast<size_t>(run)] : -1;
+}
+
+ArenaPlan plan_arena(const StepGraph& graph, const std::vector<PlanAction>& actions,
+                     const std::vector<size_t>& bytes, bool refine,
+                     const std::vector<std::vector<int64_t>>* hint) {
+  ArenaPlan plan;
+  plan.offsets.resize(graph.kernels.size());
+  for (const PlanAction& a : actions) {
+    if (a.kind != PlanAction::Kind::Run && a.kind != PlanAction::Kind::Recompute) continue;
+    plan.offsets[static_cast<size_t>(a.id)].push_back(-1);
+    plan.runs.push_back(a.id);
+  }
+  Layout layout = lay_out(graph, actions, bytes);
+  plan.outside_peak = layout.outside_peak;
+  const std::vector<Slot>& slots = layout.slots;
 
   std::vector<int> freed;  // slots kept past the step stay out of the arena
   for (size_t i = 0; i < slots.size(); ++i)
-    if (slots[i].end != std::numeric_limits<int>::max()) freed.push_back(static_cast<int>(i));
+    if (slots[i].end != kKept) freed.push_back(static_cast<int>(i));
   auto span = [&](int i) {
     return static_cast<size_t>(slots[static_cast<size_t>(i)].end -
                                slots[static_cast<size_t>(i)].start) +
@@ -239,6 +329,10 @@ ArenaPlan plan_arena(const StepGraph& graph, const std::vector<PlanAction>& acti
         place_skyline(slots, freed, static_cast<int>(actions.size()), rule, offset);
     if (bytes < best_bytes) best_bytes = bytes, best_offsets = offset;
   }
+  if (hint != nullptr && !freed.empty() && best_bytes > plan.live_peak) {
+    const size_t bytes = place_as_hinted(slots, freed, *hint, offset);
+    if (bytes < best_bytes) best_bytes = bytes, best_offsets = offset;
+  }
   if (refine && best_bytes > plan.live_peak && freed.size() > 2) {
     // Hill climbing from the best greedy order, sideways moves included (the arena's size is flat
     // over most moves). A fixed seed: the same plan always gets the same placement.
@@ -269,6 +363,57 @@ ArenaPlan plan_arena(const StepGraph& graph, const std::vector<PlanAction>& acti
   }
   plan.bytes = freed.empty() ? 0 : best_bytes;
   return plan;
+}
+
+std::vector<ChosenEviction> evictions_past_gaps(const StepGraph& graph, const StepPlan& plan,
+                                                const ArenaPlan& arena,
+                                                const std::vector<size_t>& bytes) {
+  Layout layout = lay_out(graph, plan.actions, bytes);
+  std::vector<Slot>& slots = layout.slots;
+  std::vector<int64_t> offset(slots.size(), -1);
+  for (size_t i = 0; i < slots.size(); ++i) offset[i] = arena.offset(slots[i].kernel, slots[i].run);
+  std::vector<char> dropped(slots.size(), 0), kept_on(plan.actions.size(), 0);
+  for (const ChosenEviction& e : plan.chosen) {
+    const auto at = static_cast<size_t>(e.action);
+    if (at >= plan.actions.size() || layout.ended[at] < 0) continue;
+    const int held = layout.ended[at];
+    Slot& s = slots[static_cast<size_t>(held)];
+    if (offset[static_cast<size_t>(held)] < 0) continue;
+    // The rebuild of the evicted value: the next run of its producer.
+    const int producer = graph.values[static_cast<size_t>(e.value)].producer;
+    size_t r = at + 1;
+    while (r < plan.actions.size() &&
+           !(plan.actions[r].kind == PlanAction::Kind::Recompute && plan.actions[r].id == producer))
+      ++r;
+    if (r == plan.actions.size() || layout.made[r] < 0) continue;
+    const int copy = layout.made[r];
+    const Slot& c = slots[static_cast<size_t>(copy)];
+    if (c.end == kKept || c.bytes != s.bytes) continue;
+    // Kept in its place from the eviction until the copy's end: nothing else may be there
+    // in that time (the copy itself goes).
+    const int64_t lo = offset[static_cast<size_t>(held)];
+    const int64_t hi = lo + static_cast<int64_t>(s.bytes);
+    bool free = true;
+    for (size_t j = 0; j < slots.size() && free; ++j) {
+      const Slot& o = slots[j];
+      if (static_cast<int>(j) == held || static_cast<int>(j) == copy || dropped[j] ||
+          offset[j] < 0 || o.end <= s.end || o.start > c.end)
+        continue;
+      free = offset[j] + static_cast<int64_t>(o.bytes) <= lo || hi <= offset[j];
+    }
+    if (!free) continue;
+    s.end = c.end;
+    dropped[static_cast<size_t>(copy)] = 1;
+    kept_on[at] = 1;
+    // A later eviction of the copy now ends this slot.
+    for (size_t t = r; t < plan.actions.size(); ++t)
+      if (layout.ended[t] == copy) layout.ended[t] = held;
+  }
+  std::vector<ChosenEviction> needed;
+  for (const ChosenEviction& e : plan.chosen)
+    if (!(static_cast<size_t>(e.action) < kept_on.size() && kept_on[static_cast<size_t>(e.action)]))
+      needed.push_back(e);
+  return needed;
 }
 
 }  // namespace kiln::memory

@@ -47,12 +47,19 @@ std::string plan_report() {
   line("kept to the end", format_bytes(s.output_bytes) + " (results and held tensors)");
   line("kernel order", s.order);
   if (s.arena_bytes > 0)
-    line("arena", format_bytes(s.arena_bytes) + " for " + format_bytes(s.arena_live_peak) +
-                      " alive at once, " + std::to_string(s.arena_values) + " values placed" +
-                      (s.arena_misses ? ", " + std::to_string(s.arena_misses) + " missed" : "") +
-                      (s.arena_strayed_at ? ", none after run " + std::to_string(s.arena_strayed_at) +
-                                                " (the run left the plan)"
-                                          : ""));
+    line("arena",
+         format_bytes(s.arena_bytes) + " for " + format_bytes(s.arena_live_peak) +
+             " alive at once, " + std::to_string(s.arena_values) + " values placed" +
+             (s.arena_misses ? ", " + std::to_string(s.arena_misses) + " missed" : "") +
+             (s.arena_strayed_at ? ", none after run " + std::to_string(s.arena_strayed_at) +
+                                       " (the run left the plan)"
+                                 : ""));
+  if (s.budget > 0 && s.planned_reserve > 0)
+    line("reserve", format_bytes(s.planned_reserve) + " planned (arena and blocks beside it)" +
+                        (s.reserve_over_budget
+                             ? ", over the budget: no tighter plan fits"
+                             : ", planned for " + format_bytes(s.planned_for) + " allocated, " +
+                                   std::to_string(s.kept_in_gaps) + " releases kept in gaps"));
   line("kernels", std::to_string(s.kernels) + " (" + std::to_string(s.in_place) + " in place, " +
                       std::to_string(s.donated) + " updates donated)");
   line("replaced values freed", std::to_string(s.released_leaves));

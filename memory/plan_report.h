@@ -52,6 +52,14 @@ struct PlanSummary {
   /// kept), after which nothing more was placed; 0 when it never strayed.
   size_t arena_strayed_at = 0;
   size_t arena_misses = 0;  ///< Planned places still taken at run time (allocated from the pool).
+  /// The budget of allocated bytes the plan was made for: below the budget by what the arena's
+  /// packing and the blocks outside it need (memory/arena_fit.h); 0 without a budget.
+  size_t planned_for = 0;
+  /// The arena and the most bytes outside it at once, as planned: the pool's reserve for the
+  /// step. Within the budget unless `reserve_over_budget`.
+  size_t planned_reserve = 0;
+  bool reserve_over_budget = false;  ///< No tighter plan fitted the reserve in the budget.
+  size_t kept_in_gaps = 0;           ///< Releases dropped: the value stayed in a gap of the arena.
   std::vector<RecomputedValue> recomputed;  ///< Largest first.
 };
 

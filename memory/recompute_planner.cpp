@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <limits>
 #include <set>
+#include <tuple>
 
 namespace kiln::memory {
 namespace {
@@ -51,6 +52,13 @@ class Engine {
     }
     cur_ = g.start_bytes;
     for (const PlanKernel& k : g.kernels) plan_.base_cost += k.cost;
+    runs_here_.assign(g.kernels.size(), 0);
+    if (o.follow) {
+      follow_ = *o.follow;
+      std::stable_sort(follow_.begin(), follow_.end(), [](const auto& a, const auto& b) {
+        return std::tie(a.at, a.kernel, a.nth) < std::tie(b.at, b.kernel, b.nth);
+      });
+    }
   }
 
   StepPlan run() {
@@ -68,6 +76,8 @@ class Engine {
         release(static_cast<int>(v), false);
     for (p_ = 0; p_ < nk; ++p_) {
       const PlanKernel& k = g_.kernels[static_cast<size_t>(p_)];
+      for (int r : ran_here_) runs_here_[static_cast<size_t>(r)] = 0;
+      ran_here_.clear();
       missing_.clear();
       for (int in : k.inputs) {
         if (resident_[static_cast<size_t>(in)])
@@ -301,7 +311,22 @@ class Engine {
   // Makes room for `need` more bytes; false when the budget cannot be held.
   // `value` (or -1) is what will be allocated: an executing machine says how many bytes
   // its pool will really hand out for it, which may exceed the planned size.
-  bool make_room(size_t need, int value) {
+  bool make_room(size_t need, int value, int kernel, int nth) {
+    auto evict = [&](int v) {
+      plan_.chosen.push_back({p_, kernel, nth, v, static_cast<int>(plan_.actions.size())});
+      release(v, true);
+    };
+    if (!follow_.empty()) {
+      const ChosenEviction key{p_, kernel, nth, 0, 0};
+      auto it =
+          std::lower_bound(follow_.begin(), follow_.end(), key, [](const auto& a, const auto& b) {
+            return std::tie(a.at, a.kernel, a.nth) < std::tie(b.at, b.kernel, b.nth);
+          });
+      for (; it != follow_.end() && it->at == p_ && it->kernel == kernel && it->nth == nth; ++it)
+        if (resident_[static_cast<size_t>(it->value)] &&
+            lock_[static_cast<size_t>(it->value)] == 0 && evictable(it->value))
+          evict(it->value);
+    }
     if (o_.budget == 0) return true;
     while (usage() + (machine_ && value >= 0 ? machine_->bytes_for(value) : need) > o_.budget) {
       if (plan_.extra_cost > o_.max_extra_cost * plan_.base_cost) {
@@ -309,7 +334,7 @@ class Engine {
       }
       int v = pick();
       if (v < 0) return fail("nothing left to evict at kernel " + std::to_string(p_));
-      release(v, true);
+      evict(v);
     }
     return true;
   }
@@ -334,7 +359,9 @@ class Engine {
   bool execute(int k, bool recompute, bool in_place) {
     const PlanKernel& kernel = g_.kernels[static_cast<size_t>(k)];
     const PlanValue& out = g_.values[static_cast<size_t>(kernel.output)];
-    bool ok = make_room(in_place ? 0 : out.bytes, in_place ? -1 : kernel.output);
+    int& nth = runs_here_[static_cast<size_t>(k)];
+    if (nth == 0) ran_here_.push_back(k);
+    bool ok = make_room(in_place ? 0 : out.bytes, in_place ? -1 : kernel.output, k, nth++);
     const size_t need = in_place ? 0 : out.bytes;
     if (!ok && !machine_) return false;
     if (recompute && o_.budget > 0 && plan_.extra_cost > o_.max_extra_cost * plan_.base_cost) {
@@ -439,6 +466,9 @@ class Engine {
     int next, v;
   };
   std::vector<Ranked> ranked_;
+  std::vector<ChosenEviction> follow_;  // o_.follow, by (at, kernel, nth)
+  std::vector<int> runs_here_;          // per kernel: runs while at kernel p_
+  std::vector<int> ran_here_;           // kernels with runs_here_ > 0
   size_t cur_ = 0, peak_ = 0;
   int p_ = 0;
   StepPlan plan_;

@@ -69,6 +69,14 @@ struct PlanAction {
   bool in_place = false;  ///< Run: the output takes over its in_place_input's memory.
 };
 
+/// An eviction made to make room: before the `nth` run (from 0) of kernel `kernel` while the
+/// step is at kernel `at` (its own run, or rebuilds for it), value `value` was released.
+/// `action` is its index in the plan's actions.
+struct ChosenEviction {
+  int at = 0, kernel = 0, nth = 0, value = 0, action = 0;
+  bool operator==(const ChosenEviction&) const = default;
+};
+
 /// Planner settings.
 struct PlannerOptions {
   size_t budget = 0;            ///< Bytes; 0 means no budget (only liveness and reuse).
@@ -76,6 +84,10 @@ struct PlannerOptions {
   int sample_random = 16;       ///< ... plus this many random others.
   uint64_t seed = 0x6b696c6e;   ///< For the random sample (plans are reproducible).
   double max_extra_cost = 3.0;  ///< Abort when recomputation exceeds this × the step's cost.
+  /// Evictions to make where they are listed (those whose value is resident and not in use
+  /// there), instead of choosing victims by score; the score still chooses whatever more
+  /// the budget needs. Following a plan's own `chosen` reproduces it.
+  const std::vector<ChosenEviction>* follow = nullptr;
 };
 
 /// The outcome of planning or executing a step.
@@ -90,6 +102,8 @@ struct StepPlan {
   size_t recomputes = 0;     ///< Recompute actions.
   size_t evictions = 0;      ///< Evict actions.
   size_t evicted_bytes = 0;  ///< Σ bytes of evicted values.
+  /// The evictions made to make room (not those of checkpoint regions), in order.
+  std::vector<ChosenEviction> chosen;
 };
 
 /// Where an executing plan's actions happen: the executor runs kernels and releases buffers

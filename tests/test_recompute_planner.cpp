@@ -24,15 +24,20 @@
 #include <vector>
 
 #include "core/error.h"
+#include "memory/arena_fit.h"
 #include "memory/arena_plan.h"
 #include "memory/recompute_planner.h"
 #include "memory/schedule_order.h"
 #include "memory/step_graph_file.h"
 
 using kiln::memory::all_orders;
+using kiln::memory::ArenaFit;
 using kiln::memory::ArenaPlan;
 using kiln::memory::choose_schedule_order;
+using kiln::memory::ChosenEviction;
+using kiln::memory::evictions_past_gaps;
 using kiln::memory::execute_step;
+using kiln::memory::fit_to_budget;
 using kiln::memory::load_step_graph;
 using kiln::memory::lower_bound;
 using kiln::memory::order_name;
@@ -1728,6 +1733,136 @@ TEST_CASE("planner plan_step_best never recomputes more, and its options reprodu
   WARN("plan_step_best on " << compared << " budgeted random steps: less recomputation on "
                             << better << ", " << best_cost / default_cost
                             << "x the extra work of plan_step");
+}
+
+TEST_CASE("planner following a plan's own evictions reproduces it; following fewer keeps more",
+          "[planner]") {
+  std::mt19937_64 rng(31);
+  StepShape shape;
+  shape.min_forward = 20;
+  shape.max_forward = 80;
+  int followed = 0, fewer = 0;
+  for (int n = 0; n < 80; ++n) {
+    const StepGraph g = random_step(rng, shape);
+    const size_t lb = lower_bound(g), top = plan_step(g, PlannerOptions{}).peak;
+    for (size_t budget : {(lb + top) / 2, lb + (top - lb) / 4}) {
+      PlannerOptions o;
+      o.budget = budget;
+      const StepPlan p = plan_step(g, o);
+      if (!p.feasible) continue;
+      INFO("graph " << n << ", budget " << budget);
+      CHECK(p.chosen.size() <= p.evictions);
+      for (const ChosenEviction& e : p.chosen) {
+        REQUIRE(static_cast<size_t>(e.action) < p.actions.size());
+        CHECK(p.actions[static_cast<size_t>(e.action)].kind == PlanAction::Kind::Evict);
+        CHECK(p.actions[static_cast<size_t>(e.action)].id == e.value);
+      }
+      PlannerOptions follow = o;
+      follow.follow = &p.chosen;
+      const StepPlan again = plan_step(g, follow);
+      CHECK(render(again.actions) == render(p.actions));
+      ++followed;
+      if (p.chosen.empty()) continue;
+      // Without the last half of its evictions, under no budget: those values stay, the
+      // plan stays valid, and nothing is rebuilt more.
+      std::vector<ChosenEviction> half(
+          p.chosen.begin(), p.chosen.begin() + static_cast<std::ptrdiff_t>(p.chosen.size() / 2));
+      PlannerOptions loose;
+      loose.follow = &half;
+      const StepPlan kept = plan_step(g, loose);
+      REQUIRE(kept.feasible);
+      CHECK(replay(g, kept, 0).error == "");
+      CHECK(kept.evictions <= p.evictions);
+      CHECK(kept.extra_cost <= p.extra_cost + 1e-9);
+      fewer += kept.evictions < p.evictions;
+    }
+  }
+  CHECK(followed > 80);
+  CHECK(fewer > 20);
+}
+
+TEST_CASE("planner fit_to_budget holds the arena and the blocks beside it within the budget",
+          "[planner]") {
+  std::mt19937_64 rng(37);
+  StepShape shape;
+  shape.min_forward = 20;
+  shape.max_forward = 80;
+  int held = 0, tighter = 0, gaps = 0, tried = 0;
+  double reserve_over_alive = 0;
+  for (int n = 0; n < 60; ++n) {
+    const StepGraph g = random_step(rng, shape);
+    const std::vector<size_t> bytes = value_bytes(g);
+    const size_t lb = lower_bound(g), top = plan_step(g, PlannerOptions{}).peak;
+    for (size_t budget : {(lb + top) / 2, lb + (top - lb) / 3}) {
+      PlannerOptions o;
+      o.budget = budget;
+      const StepPlan whole = plan_step(g, o);
+      if (!whole.feasible) continue;
+      for (bool thorough : {false, true}) {
+        INFO("graph " << n << ", budget " << budget << (thorough ? ", thorough" : ""));
+        const ArenaFit fit = fit_to_budget(g, o, bytes, thorough);
+        REQUIRE(fit.plan.feasible);
+        ++tried;
+        // Its arena is a valid placement of its actions, and its figures are what it says.
+        CHECK(check_arena(g, fit.plan.actions, bytes, fit.arena) == "");
+        CHECK(fit.reserved == fit.arena.bytes + fit.arena.outside_peak);
+        CHECK(fit.holds == (fit.reserved <= budget));
+        CHECK(fit.policy.budget == budget);
+        // Allocated bytes keep the budget always; executed as it runs (following its own
+        // evictions under the whole budget), it is the same plan.
+        CHECK(replay(g, fit.plan, budget).error == "");
+        CHECK(fit.plan.peak <= budget);
+        PlannerOptions follow = fit.policy;
+        follow.follow = &fit.plan.chosen;
+        CHECK(render(plan_step(g, follow).actions) == render(fit.plan.actions));
+        if (!fit.holds) {
+          // Only when no tighter plan fits: then it is the plan for the whole budget.
+          CHECK(fit.planned_for == budget);
+          continue;
+        }
+        ++held;
+        tighter += fit.planned_for < budget;
+        gaps += fit.kept_in_gaps > 0;
+        reserve_over_alive +=
+            static_cast<double>(fit.reserved) / static_cast<double>(fit.plan.peak);
+      }
+    }
+  }
+  CHECK(tried > 100);
+  CHECK(held > tried / 2);
+  CHECK(tighter > 0);
+  CHECK(gaps > 0);
+  WARN("fit_to_budget: the reserve held on " << held << " of " << tried << " (a tighter plan on "
+                                             << tighter << ", releases kept in gaps on " << gaps
+                                             << "), reserve / allocated peak "
+                                             << reserve_over_alive / held);
+}
+
+TEST_CASE("planner evictions_past_gaps keeps a value whose place stays free", "[planner]") {
+  // x -> a (100) -> b (100) -> c (100) -> out (kept). a is read by b and by out; evicted
+  // after b and rebuilt for out, by hand. Nothing else is placed where a was meanwhile,
+  // so the eviction is not needed.
+  Builder bl;
+  const int x = bl.leaf(8);
+  const int a = bl.op({x}, 100), b = bl.op({a}, 100), c = bl.op({b}, 100);
+  bl.op({a, c}, 1, 1.0, true);
+  using K = PlanAction::Kind;
+  StepPlan plan;
+  plan.actions = {{K::Run, 0},       {K::Run, 1}, {K::Evict, a}, {K::Run, 2}, {K::Free, b},
+                  {K::Recompute, 0}, {K::Run, 3}, {K::Free, a},  {K::Free, c}};
+  plan.chosen = {{2, 2, 0, a, 2}};
+  // Lifetimes: a 0..2, b 1..4, c 3..8, a's rebuild 5..7.
+  ArenaPlan placed = plan_arena(bl.g, plan.actions, value_bytes(bl.g));
+  // By hand: a at 0, b at 100, c at 200, the rebuild at 0 again: the place stays free.
+  placed.offsets = {{0, 0}, {100}, {200}, {}};
+  placed.bytes = 300;
+  REQUIRE(check_arena(bl.g, plan.actions, value_bytes(bl.g), placed) == "");
+  CHECK(evictions_past_gaps(bl.g, plan, placed, value_bytes(bl.g)).empty());
+  // c where a was (a dead from 2 on): the place is taken, the eviction is needed.
+  placed.offsets = {{0, 100}, {100}, {0}, {}};
+  placed.bytes = 200;
+  REQUIRE(check_arena(bl.g, plan.actions, value_bytes(bl.g), placed) == "");
+  CHECK(evictions_past_gaps(bl.g, plan, placed, value_bytes(bl.g)).size() == 1);
 }
 
 TEST_CASE("planner plan_within fits a budget the greedy gives up at by planning tighter",

@@ -1,0 +1,40 @@
+#pragma once
+// Fitting a budgeted step's reserved memory, not only its allocated bytes, into the budget.
+// The planner counts the bytes alive at once; the step's arena (arena_plan.h) is bigger by
+// its packing, 5-30% on steps with many rebuilds, and the pool holds it for the whole step
+// beside the blocks outside it. So the budget is planned for less by what the arena and
+// the outside blocks exceed it (RECOMPUTE.md §2a, "Pool loop"), two or three times, and
+// then the gaps that the placement leaves are used: a value the plan evicts stays where it
+// was placed while nothing else needs that place until its rebuilt copy would be freed
+// (evictions_past_gaps), and its rebuild is dropped. The pool's reserve then stays within
+// the budget and close to what is allocated, at about the recomputation of a plan made for
+// the whole budget.
+#include <cstddef>
+#include <vector>
+
+#include "arena_plan.h"
+#include "recompute_planner.h"
+
+namespace kiln::memory {
+
+/// A budgeted plan with its arena placement.
+struct ArenaFit {
+  StepPlan plan;            ///< What to run; execute it following plan.chosen.
+  ArenaPlan arena;          ///< Where its values go.
+  PlannerOptions policy;    ///< How victims were chosen (sampling, seed), budget as asked.
+  size_t planned_for = 0;   ///< The budget of allocated bytes the plan was made for.
+  size_t reserved = 0;      ///< arena.bytes + arena.outside_peak.
+  bool holds = false;       ///< reserved <= the budget.
+  size_t kept_in_gaps = 0;  ///< Evictions dropped because the value could stay in place.
+};
+
+/// Plans `graph` under `options.budget` so that its arena and the blocks outside it fit the
+/// budget, then keeps what fits in the arena's gaps. `bytes` are the values' arena sizes
+/// (plan_arena). `thorough` (a plan made once and reused) uses plan_step_best and refined
+/// placements. When no tighter plan fits (near the floor), the plan for the whole budget is
+/// returned with holds = false: its allocated bytes keep the budget, its reserve does not.
+/// plan.feasible is false only when the budget itself cannot be planned.
+ArenaFit fit_to_budget(const StepGraph& graph, const PlannerOptions& options,
+                       const std::vector<size_t>& bytes, bool thorough);
+
+}  // namespace kiln::memory
