@@ -416,6 +416,7 @@ struct StepProfile {
   /// The budget of allocated bytes the plan was made for, and the releases it keeps in the
   /// arena's gaps (memory/arena_fit.h); 0 and 0 when it was not fitted.
   size_t plan_fitted_for = 0, plan_kept_in_gaps = 0;
+  double plan_reserve_cost = 0;  ///< ArenaFit::reserve_cost
 };
 
 // Steps timed before the costs are final. Later steps are not timed, so their plans and
@@ -430,10 +431,13 @@ struct KeyHash {
   void operator()(uint64_t x) { h = (h ^ x) * 0x100000001b3ULL; }
 };
 
-uint64_t tables_key(const memory::StepGraph& g, size_t budget, size_t tail) {
+uint64_t tables_key(const memory::StepGraph& g, size_t budget, size_t tail, double reserve_limit) {
   KeyHash mix;
   mix(budget);
   mix(tail);
+  uint64_t limit_bits;
+  std::memcpy(&limit_bits, &reserve_limit, sizeof limit_bits);
+  mix(limit_bits);
   for (const PlanValue& v : g.values)
     mix(v.bytes), mix(static_cast<uint64_t>(v.producer)), mix(v.output * 2u + v.releasable_leaf);
   for (const PlanKernel& k : g.kernels) {
@@ -507,7 +511,8 @@ std::shared_ptr<const memory::StepPlan> stored_plan(uint64_t key, memory::Schedu
                                                     const memory::StepGraph& g, size_t budget,
                                                     size_t* executes_at,
                                                     memory::PlannerOptions* policy,
-                                                    size_t* fitted_for, size_t* kept_in_gaps) {
+                                                    size_t* fitted_for, size_t* kept_in_gaps,
+                                                    double* reserve_cost) {
   std::lock_guard<std::mutex> lock(g_profiles_mutex);
   auto it = g_profiles.find(key);
   if (it == g_profiles.end()) return nullptr;
@@ -518,6 +523,7 @@ std::shared_ptr<const memory::StepPlan> stored_plan(uint64_t key, memory::Schedu
   *policy = p.plan_policy;
   *fitted_for = p.plan_fitted_for;
   *kept_in_gaps = p.plan_kept_in_gaps;
+  *reserve_cost = p.plan_reserve_cost;
   return p.plan;
 }
 
@@ -535,6 +541,7 @@ void store_plan(uint64_t key, memory::ScheduleOrder order, const memory::StepGra
   p.plan_policy = policy;
   p.plan_fitted_for = fit ? fit->planned_for : 0;
   p.plan_kept_in_gaps = fit ? fit->kept_in_gaps : 0;
+  p.plan_reserve_cost = fit ? fit->reserve_cost : 0;
 }
 
 // The arena placement of a plan's values, planned once per step tables and plan: a
@@ -649,7 +656,10 @@ void run_with_memory_plan(const FusionPlan& plan, const std::unordered_set<Node*
     planned.budget = static_cast<size_t>(static_cast<double>(options.budget) * margin);
   // Kernels on a GPU run asynchronously: timing their launches would say nothing.
   const bool timed = !t.device.is_cuda();
-  const uint64_t key = tables_key(t.graph, options.budget, tail);
+  // How much work holding the pool's reserve within the budget may add (memory/arena_fit.h);
+  // plans made under another limit are other plans.
+  const double reserve_limit = memory::reserve_work_limit();
+  const uint64_t key = tables_key(t.graph, options.budget, tail, reserve_limit);
   bool settled = false;
   memory::ScheduleOrder order = profile_and_order(key, t.graph, planned, tail, timed, &settled);
   // The tables as given, with the costs the planner uses.
@@ -688,9 +698,10 @@ void run_with_memory_plan(const FusionPlan& plan, const std::unordered_set<Node*
   // How victims are chosen; a plan made once is chosen among a few ways (plan_step_best).
   memory::PlannerOptions policy = planned;
   size_t fitted_for = 0, kept_in_gaps = 0;
+  double reserve_cost = 0;
   std::shared_ptr<const memory::StepPlan> reused =
       settled ? stored_plan(key, order, t.graph, planned.budget, &executes_at, &policy, &fitted_for,
-                            &kept_in_gaps)
+                            &kept_in_gaps, &reserve_cost)
               : nullptr;
   memory::StepPlan simulated;  // planned now, when no stored plan applies
   // Offline placement (CPU): the plan says when every value is allocated and freed.
@@ -700,20 +711,22 @@ void run_with_memory_plan(const FusionPlan& plan, const std::unordered_set<Node*
   std::optional<memory::ArenaFit> fit;
   if (options.budget > 0 && !reused) {
     if (place) {
-      fit = memory::fit_to_budget(t.graph, planned, arena_sizes(t), settled);
+      fit = memory::fit_to_budget(t.graph, planned, arena_sizes(t), settled, reserve_limit);
       if (settled && fit->plan.feasible && !fit->holds) {
         // The order was chosen for the least recomputation, not for packing: another order
         // may fit its reserve in the budget where this one cannot. The plan made once
         // takes the first of the others that does, with the least recomputation.
         const memory::ScheduleOrder chosen = order;
         std::optional<memory::ScheduleOrder> better;
+        // As within one order: for at most a little more work than this order's plan.
+        double limit = fit->plan.extra_cost + reserve_limit * fit->plan.base_cost;
         for (memory::ScheduleOrder other : memory::all_orders()) {
           if (other == chosen) continue;
           switch_to(other);
-          memory::ArenaFit tried = memory::fit_to_budget(t.graph, planned, arena_sizes(t), true);
-          if (tried.plan.feasible && tried.holds &&
-              (!better || tried.plan.extra_cost < fit->plan.extra_cost))
-            better = other, fit = std::move(tried);
+          memory::ArenaFit tried =
+              memory::fit_to_budget(t.graph, planned, arena_sizes(t), true, reserve_limit);
+          if (tried.plan.feasible && tried.holds && tried.plan.extra_cost <= limit)
+            better = other, limit = tried.plan.extra_cost, fit = std::move(tried);
         }
         switch_to(better ? *better : chosen);
         if (better) remember_order(key, order);
@@ -745,7 +758,9 @@ void run_with_memory_plan(const FusionPlan& plan, const std::unordered_set<Node*
     if (settled)
       store_plan(key, order, t.graph, planned.budget, executes_at, simulated, policy,
                  fit ? &*fit : nullptr);
-    if (fit) fitted_for = fit->planned_for, kept_in_gaps = fit->kept_in_gaps;
+    if (fit)
+      fitted_for = fit->planned_for, kept_in_gaps = fit->kept_in_gaps,
+      reserve_cost = fit->reserve_cost;
   }
 
   std::shared_ptr<const memory::ArenaPlan> arena_plan;
@@ -806,6 +821,7 @@ void run_with_memory_plan(const FusionPlan& plan, const std::unordered_set<Node*
       s.kept_in_gaps = kept_in_gaps;
       s.planned_reserve = arena_plan->bytes + arena_plan->outside_peak;
       s.reserve_over_budget = s.planned_reserve > planned.budget;
+      s.reserve_cost = reserve_cost;
     }
   }
   std::unordered_set<int> in_place(machine.in_place_kernels_.begin(),

@@ -7,8 +7,10 @@
 // then the gaps that the placement leaves are used: a value the plan evicts stays where it
 // was placed while nothing else needs that place until its rebuilt copy would be freed
 // (evictions_past_gaps), and its rebuild is dropped. The pool's reserve then stays within
-// the budget and close to what is allocated, at about the recomputation of a plan made for
-// the whole budget.
+// the budget and close to what is allocated, for at most a set share more of the step's
+// work than a plan for the whole budget (budget.h, set_reserve_work_limit: 2% unless set);
+// where it would take more (near the floor a few percent of the budget is much of what may
+// be released), the plan for the whole budget runs.
 #include <cstddef>
 #include <vector>
 
@@ -26,15 +28,20 @@ struct ArenaFit {
   size_t reserved = 0;      ///< arena.bytes + arena.outside_peak.
   bool holds = false;       ///< reserved <= the budget.
   size_t kept_in_gaps = 0;  ///< Evictions dropped because the value could stay in place.
+  /// Recomputation a plan that holds the reserve adds to the plan for the whole budget (the
+  /// step's estimated seconds; 0 when none was found or none was needed).
+  double reserve_cost = 0;
 };
 
 /// Plans `graph` under `options.budget` so that its arena and the blocks outside it fit the
 /// budget, then keeps what fits in the arena's gaps. `bytes` are the values' arena sizes
 /// (plan_arena). `thorough` (a plan made once and reused) uses plan_step_best and refined
-/// placements. When no tighter plan fits (near the floor), the plan for the whole budget is
-/// returned with holds = false: its allocated bytes keep the budget, its reserve does not.
-/// plan.feasible is false only when the budget itself cannot be planned.
+/// placements. When no tighter plan fits (near the floor), or the one that does would add
+/// more than `work_limit` × the step's work in rebuilds (`reserve_cost` says how much), the
+/// plan for the whole budget is returned with holds = false: its allocated bytes keep the
+/// budget, its reserve does not. plan.feasible is false only when the budget itself cannot
+/// be planned.
 ArenaFit fit_to_budget(const StepGraph& graph, const PlannerOptions& options,
-                       const std::vector<size_t>& bytes, bool thorough);
+                       const std::vector<size_t>& bytes, bool thorough, double work_limit);
 
 }  // namespace kiln::memory

@@ -90,6 +90,43 @@ double plan_margin() {
   return g_margin;
 }
 
+namespace {
+
+double checked_limit(double share, const std::string& what) {
+  if (!(share >= 0))
+    throw ValueError("[memory] " + what +
+                     ": a reserve work limit must be a share >= 0 (or inf), got " +
+                     std::to_string(share));
+  return share;
+}
+
+double& reserve_limit_locked() {
+  static double limit = [] {
+    const char* text = std::getenv("KILN_RESERVE_WORK_LIMIT");
+    if (text == nullptr || *text == '\0') return 0.02;
+    char* end = nullptr;
+    const double v = std::strtod(text, &end);
+    if (end == text || *end != '\0')
+      throw ValueError(std::string("[memory] KILN_RESERVE_WORK_LIMIT '") + text +
+                       "' is not a number (a share of the step's work such as 0.05, or inf)");
+    return checked_limit(v, "KILN_RESERVE_WORK_LIMIT");
+  }();
+  return limit;
+}
+
+}  // namespace
+
+void set_reserve_work_limit(double share) {
+  checked_limit(share, "set_reserve_work_limit");
+  std::lock_guard lock(g_mutex);
+  reserve_limit_locked() = share;
+}
+
+double reserve_work_limit() {
+  std::lock_guard lock(g_mutex);
+  return reserve_limit_locked();
+}
+
 std::string budget_description() {
   std::lock_guard lock(g_mutex);
   load_environment_locked();

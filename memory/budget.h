@@ -25,6 +25,14 @@ size_t budget(Device device = Device::cpu());
 void set_plan_margin(double fraction);
 /// The margin set by set_plan_margin().
 double plan_margin();
+/// How much more recomputation, as a share of a step's work, holding the pool's reserve (the
+/// step's arena and the blocks beside it) within the budget may cost; beyond that only the
+/// allocated bytes keep the budget (memory/arena_fit.h). 0.02 by default; infinity holds it
+/// wherever a plan can, 0 only where it costs nothing. KILN_RESERVE_WORK_LIMIT sets it at
+/// start-up ("inf" or a number); a negative or NaN share throws ValueError.
+void set_reserve_work_limit(double share);
+/// The limit set by set_reserve_work_limit() or KILN_RESERVE_WORK_LIMIT.
+double reserve_work_limit();
 /// The budget as set, for reports: "none", "2.0 GiB", "50% of device memory".
 std::string budget_description();
 

@@ -55,11 +55,15 @@ std::string plan_report() {
                                        " (the run left the plan)"
                                  : ""));
   if (s.budget > 0 && s.planned_reserve > 0)
-    line("reserve", format_bytes(s.planned_reserve) + " planned (arena and blocks beside it)" +
-                        (s.reserve_over_budget
-                             ? ", over the budget: no tighter plan fits"
-                             : ", planned for " + format_bytes(s.planned_for) + " allocated, " +
-                                   std::to_string(s.kept_in_gaps) + " releases kept in gaps"));
+    line("reserve",
+         format_bytes(s.planned_reserve) + " planned (arena and blocks beside it)" +
+             (!s.reserve_over_budget
+                  ? ", planned for " + format_bytes(s.planned_for) + " allocated, " +
+                        std::to_string(s.kept_in_gaps) + " releases kept in gaps, " +
+                        percent(s.reserve_cost, s.base_cost) + " more work"
+              : s.reserve_cost > 0 ? ", over the budget: holding it would take " +
+                                         percent(s.reserve_cost, s.base_cost) + " more work"
+                                   : ", over the budget: no tighter plan fits"));
   line("kernels", std::to_string(s.kernels) + " (" + std::to_string(s.in_place) + " in place, " +
                       std::to_string(s.donated) + " updates donated)");
   line("replaced values freed", std::to_string(s.released_leaves));

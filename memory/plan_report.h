@@ -58,8 +58,13 @@ struct PlanSummary {
   /// The arena and the most bytes outside it at once, as planned: the pool's reserve for the
   /// step. Within the budget unless `reserve_over_budget`.
   size_t planned_reserve = 0;
-  bool reserve_over_budget = false;  ///< No tighter plan fitted the reserve in the budget.
-  size_t kept_in_gaps = 0;           ///< Releases dropped: the value stayed in a gap of the arena.
+  /// The reserve is over the budget: no tighter plan fitted it, or the one that did cost more
+  /// than memory::reserve_work_limit() of the step's work in rebuilds (memory/arena_fit.h).
+  bool reserve_over_budget = false;
+  /// Estimated seconds of rebuilds that holding the reserve added (or, when it is over the
+  /// budget, would have added; 0: no plan that holds it was found).
+  double reserve_cost = 0;
+  size_t kept_in_gaps = 0;  ///< Releases dropped: the value stayed in a gap of the arena.
   std::vector<RecomputedValue> recomputed;  ///< Largest first.
 };
 

@@ -1800,7 +1800,13 @@ TEST_CASE("planner fit_to_budget holds the arena and the blocks beside it within
       if (!whole.feasible) continue;
       for (bool thorough : {false, true}) {
         INFO("graph " << n << ", budget " << budget << (thorough ? ", thorough" : ""));
-        const ArenaFit fit = fit_to_budget(g, o, bytes, thorough);
+        // Without a limit on the work it may add; with none allowed, it holds only for free.
+        const ArenaFit free_only = fit_to_budget(g, o, bytes, thorough, 0.0);
+        CHECK(free_only.plan.feasible);
+        if (free_only.holds) CHECK(free_only.reserve_cost == 0);
+        if (!free_only.holds) CHECK(free_only.planned_for == budget);
+        const ArenaFit fit =
+            fit_to_budget(g, o, bytes, thorough, std::numeric_limits<double>::infinity());
         REQUIRE(fit.plan.feasible);
         ++tried;
         // Its arena is a valid placement of its actions, and its figures are what it says.
