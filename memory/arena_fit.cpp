@@ -21,7 +21,7 @@ StepPlan plan_once(const StepGraph& graph, const PlannerOptions& options, bool t
 }
 
 // Where each run of `actions` happens: (kernel at, kernel, nth run of it while at that
-// kernel), the key PlanOptions::follow uses. Runs of two plans of one step with the same key
+// kernel), the key PlannerOptions::follow uses. Runs of two plans of one step with the same key
 // are the same run.
 std::vector<std::tuple<int, int, int>> run_keys(const StepGraph& graph,
                                                 const std::vector<PlanAction>& actions) {

@@ -1693,41 +1693,54 @@ TEST_CASE("planner arena placements of random steps never overlap values alive t
                              << " (smaller on " << refined_smaller << ")");
 }
 
-TEST_CASE("planner plan_step_best never recomputes more, and its options reproduce its plan",
-          "[planner]") {
-  std::mt19937_64 rng(29);
+namespace {
+
+// Calls fn(g, budget, n) on `graphs` random steps with forward passes of `lo` to `hi`
+// kernels, at each share of the way from the step's lower bound to its unbudgeted peak.
+template <class Fn>
+void for_budgeted_steps(uint64_t seed, int lo, int hi, int graphs,
+                        std::initializer_list<double> shares, Fn fn) {
+  std::mt19937_64 rng(seed);
   StepShape shape;
-  // Long enough that more than the 32 sampled candidates are resident at once.
-  shape.min_forward = 60;
-  shape.max_forward = 120;
-  int compared = 0, better = 0;
-  double default_cost = 0, best_cost = 0;
-  for (int n = 0; n < 60; ++n) {
+  shape.min_forward = lo;
+  shape.max_forward = hi;
+  for (int n = 0; n < graphs; ++n) {
     const StepGraph g = random_step(rng, shape);
     const size_t lb = lower_bound(g), top = plan_step(g, PlannerOptions{}).peak;
-    for (size_t budget : {(lb + top) / 2, lb + (top - lb) / 5}) {
-      PlannerOptions o;
-      o.budget = budget;
-      const StepPlan plain = plan_step(g, o);
-      PlannerOptions chosen;
-      const StepPlan best = plan_step_best(g, o, &chosen);
-      INFO("graph " << n << ", budget " << budget);
-      if (plain.feasible) {
-        REQUIRE(best.feasible);
-        CHECK(best.extra_cost <= plain.extra_cost);
-        ++compared;
-        better += best.extra_cost < plain.extra_cost;
-        default_cost += plain.extra_cost;
-        best_cost += best.extra_cost;
-      }
-      if (!best.feasible) continue;
-      CHECK(chosen.budget == budget);
-      const StepPlan again = plan_step(g, chosen);
-      CHECK(again.feasible);
-      CHECK(render(again.actions) == render(best.actions));
-      CHECK(best.peak <= budget);
-    }
+    for (double share : shares)
+      fn(g, lb + static_cast<size_t>(share * static_cast<double>(top - lb)), n);
   }
+}
+
+}  // namespace
+
+TEST_CASE("planner plan_step_best never recomputes more, and its options reproduce its plan",
+          "[planner]") {
+  int compared = 0, better = 0;
+  double default_cost = 0, best_cost = 0;
+  // Long enough that more than the 32 sampled candidates are resident at once.
+  for_budgeted_steps(29, 60, 120, 60, {0.5, 0.2}, [&](const StepGraph& g, size_t budget, int n) {
+    PlannerOptions o;
+    o.budget = budget;
+    const StepPlan plain = plan_step(g, o);
+    PlannerOptions chosen;
+    const StepPlan best = plan_step_best(g, o, &chosen);
+    INFO("graph " << n << ", budget " << budget);
+    if (plain.feasible) {
+      REQUIRE(best.feasible);
+      CHECK(best.extra_cost <= plain.extra_cost);
+      ++compared;
+      better += best.extra_cost < plain.extra_cost;
+      default_cost += plain.extra_cost;
+      best_cost += best.extra_cost;
+    }
+    if (!best.feasible) return;
+    CHECK(chosen.budget == budget);
+    const StepPlan again = plan_step(g, chosen);
+    CHECK(again.feasible);
+    CHECK(render(again.actions) == render(best.actions));
+    CHECK(best.peak <= budget);
+  });
   CHECK(compared > 60);
   CHECK(better > 0);
   WARN("plan_step_best on " << compared << " budgeted random steps: less recomputation on "
@@ -1737,103 +1750,86 @@ TEST_CASE("planner plan_step_best never recomputes more, and its options reprodu
 
 TEST_CASE("planner following a plan's own evictions reproduces it; following fewer keeps more",
           "[planner]") {
-  std::mt19937_64 rng(31);
-  StepShape shape;
-  shape.min_forward = 20;
-  shape.max_forward = 80;
   int followed = 0, fewer = 0;
-  for (int n = 0; n < 80; ++n) {
-    const StepGraph g = random_step(rng, shape);
-    const size_t lb = lower_bound(g), top = plan_step(g, PlannerOptions{}).peak;
-    for (size_t budget : {(lb + top) / 2, lb + (top - lb) / 4}) {
-      PlannerOptions o;
-      o.budget = budget;
-      const StepPlan p = plan_step(g, o);
-      if (!p.feasible) continue;
-      INFO("graph " << n << ", budget " << budget);
-      CHECK(p.chosen.size() <= p.evictions);
-      for (const ChosenEviction& e : p.chosen) {
-        REQUIRE(static_cast<size_t>(e.action) < p.actions.size());
-        CHECK(p.actions[static_cast<size_t>(e.action)].kind == PlanAction::Kind::Evict);
-        CHECK(p.actions[static_cast<size_t>(e.action)].id == e.value);
-      }
-      PlannerOptions follow = o;
-      follow.follow = &p.chosen;
-      const StepPlan again = plan_step(g, follow);
-      CHECK(render(again.actions) == render(p.actions));
-      ++followed;
-      if (p.chosen.empty()) continue;
-      // Without the last half of its evictions, under no budget: those values stay, the
-      // plan stays valid, and nothing is rebuilt more.
-      std::vector<ChosenEviction> half(
-          p.chosen.begin(), p.chosen.begin() + static_cast<std::ptrdiff_t>(p.chosen.size() / 2));
-      PlannerOptions loose;
-      loose.follow = &half;
-      const StepPlan kept = plan_step(g, loose);
-      REQUIRE(kept.feasible);
-      CHECK(replay(g, kept, 0).error == "");
-      CHECK(kept.evictions <= p.evictions);
-      CHECK(kept.extra_cost <= p.extra_cost + 1e-9);
-      fewer += kept.evictions < p.evictions;
+  for_budgeted_steps(31, 20, 80, 80, {0.5, 0.25}, [&](const StepGraph& g, size_t budget, int n) {
+    PlannerOptions o;
+    o.budget = budget;
+    const StepPlan p = plan_step(g, o);
+    if (!p.feasible) return;
+    INFO("graph " << n << ", budget " << budget);
+    CHECK(p.chosen.size() <= p.evictions);
+    for (const ChosenEviction& e : p.chosen) {
+      REQUIRE(static_cast<size_t>(e.action) < p.actions.size());
+      CHECK(p.actions[static_cast<size_t>(e.action)].kind == PlanAction::Kind::Evict);
+      CHECK(p.actions[static_cast<size_t>(e.action)].id == e.value);
     }
-  }
+    PlannerOptions follow = o;
+    follow.follow = &p.chosen;
+    const StepPlan again = plan_step(g, follow);
+    CHECK(render(again.actions) == render(p.actions));
+    ++followed;
+    if (p.chosen.empty()) return;
+    // Without the last half of its evictions, under no budget: those values stay, the
+    // plan stays valid, and nothing is rebuilt more.
+    std::vector<ChosenEviction> half(
+        p.chosen.begin(), p.chosen.begin() + static_cast<std::ptrdiff_t>(p.chosen.size() / 2));
+    PlannerOptions loose;
+    loose.follow = &half;
+    const StepPlan kept = plan_step(g, loose);
+    REQUIRE(kept.feasible);
+    CHECK(replay(g, kept, 0).error == "");
+    CHECK(kept.evictions <= p.evictions);
+    CHECK(kept.extra_cost <= p.extra_cost + 1e-9);
+    fewer += kept.evictions < p.evictions;
+  });
   CHECK(followed > 80);
   CHECK(fewer > 20);
 }
 
 TEST_CASE("planner fit_to_budget holds the arena and the blocks beside it within the budget",
           "[planner]") {
-  std::mt19937_64 rng(37);
-  StepShape shape;
-  shape.min_forward = 20;
-  shape.max_forward = 80;
   int held = 0, tighter = 0, gaps = 0, tried = 0;
   double reserve_over_alive = 0;
-  for (int n = 0; n < 60; ++n) {
-    const StepGraph g = random_step(rng, shape);
+  for_budgeted_steps(37, 20, 80, 60, {0.5, 0.33}, [&](const StepGraph& g, size_t budget, int n) {
     const std::vector<size_t> bytes = value_bytes(g);
-    const size_t lb = lower_bound(g), top = plan_step(g, PlannerOptions{}).peak;
-    for (size_t budget : {(lb + top) / 2, lb + (top - lb) / 3}) {
-      PlannerOptions o;
-      o.budget = budget;
-      const StepPlan whole = plan_step(g, o);
-      if (!whole.feasible) continue;
-      for (bool thorough : {false, true}) {
-        INFO("graph " << n << ", budget " << budget << (thorough ? ", thorough" : ""));
-        // Without a limit on the work it may add; with none allowed, it holds only for free.
-        const ArenaFit free_only = fit_to_budget(g, o, bytes, thorough, 0.0);
-        CHECK(free_only.plan.feasible);
-        if (free_only.holds) CHECK(free_only.reserve_cost == 0);
-        if (!free_only.holds) CHECK(free_only.planned_for == budget);
-        const ArenaFit fit =
-            fit_to_budget(g, o, bytes, thorough, std::numeric_limits<double>::infinity());
-        REQUIRE(fit.plan.feasible);
-        ++tried;
-        // Its arena is a valid placement of its actions, and its figures are what it says.
-        CHECK(check_arena(g, fit.plan.actions, bytes, fit.arena) == "");
-        CHECK(fit.reserved == fit.arena.bytes + fit.arena.outside_peak);
-        CHECK(fit.holds == (fit.reserved <= budget));
-        CHECK(fit.policy.budget == budget);
-        // Allocated bytes keep the budget always; executed as it runs (following its own
-        // evictions under the whole budget), it is the same plan.
-        CHECK(replay(g, fit.plan, budget).error == "");
-        CHECK(fit.plan.peak <= budget);
-        PlannerOptions follow = fit.policy;
-        follow.follow = &fit.plan.chosen;
-        CHECK(render(plan_step(g, follow).actions) == render(fit.plan.actions));
-        if (!fit.holds) {
-          // Only when no tighter plan fits: then it is the plan for the whole budget.
-          CHECK(fit.planned_for == budget);
-          continue;
-        }
-        ++held;
-        tighter += fit.planned_for < budget;
-        gaps += fit.kept_in_gaps > 0;
-        reserve_over_alive +=
-            static_cast<double>(fit.reserved) / static_cast<double>(fit.plan.peak);
+    PlannerOptions o;
+    o.budget = budget;
+    const StepPlan whole = plan_step(g, o);
+    if (!whole.feasible) return;
+    for (bool thorough : {false, true}) {
+      INFO("graph " << n << ", budget " << budget << (thorough ? ", thorough" : ""));
+      // Without a limit on the work it may add; with none allowed, it holds only for free.
+      const ArenaFit free_only = fit_to_budget(g, o, bytes, thorough, 0.0);
+      CHECK(free_only.plan.feasible);
+      if (free_only.holds) CHECK(free_only.reserve_cost == 0);
+      if (!free_only.holds) CHECK(free_only.planned_for == budget);
+      const ArenaFit fit =
+          fit_to_budget(g, o, bytes, thorough, std::numeric_limits<double>::infinity());
+      REQUIRE(fit.plan.feasible);
+      ++tried;
+      // Its arena is a valid placement of its actions, and its figures are what it says.
+      CHECK(check_arena(g, fit.plan.actions, bytes, fit.arena) == "");
+      CHECK(fit.reserved == fit.arena.bytes + fit.arena.outside_peak);
+      CHECK(fit.holds == (fit.reserved <= budget));
+      CHECK(fit.policy.budget == budget);
+      // Allocated bytes keep the budget always; executed as it runs (following its own
+      // evictions under the whole budget), it is the same plan.
+      CHECK(replay(g, fit.plan, budget).error == "");
+      CHECK(fit.plan.peak <= budget);
+      PlannerOptions follow = fit.policy;
+      follow.follow = &fit.plan.chosen;
+      CHECK(render(plan_step(g, follow).actions) == render(fit.plan.actions));
+      if (!fit.holds) {
+        // Only when no tighter plan fits: then it is the plan for the whole budget.
+        CHECK(fit.planned_for == budget);
+        continue;
       }
+      ++held;
+      tighter += fit.planned_for < budget;
+      gaps += fit.kept_in_gaps > 0;
+      reserve_over_alive += static_cast<double>(fit.reserved) / static_cast<double>(fit.plan.peak);
     }
-  }
+  });
   CHECK(tried > 100);
   CHECK(held > tried / 2);
   CHECK(tighter > 0);
