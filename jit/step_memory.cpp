@@ -715,7 +715,8 @@ void run_with_memory_plan(const FusionPlan& plan, const std::unordered_set<Node*
       if (settled && fit->plan.feasible && !fit->holds) {
         // The order was chosen for the least recomputation, not for packing: another order
         // may fit its reserve in the budget where this one cannot. The plan made once
-        // takes the first of the others that does, with the least recomputation.
+        // takes the one of the others that does with the least recomputation, if that is
+        // within the limit of this order's plan.
         const memory::ScheduleOrder chosen = order;
         std::optional<memory::ScheduleOrder> better;
         // As within one order: for at most a little more work than this order's plan.

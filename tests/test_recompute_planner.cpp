@@ -1748,7 +1748,7 @@ TEST_CASE("planner plan_step_best never recomputes more, and its options reprodu
                             << "x the extra work of plan_step");
 }
 
-TEST_CASE("planner following a plan's own evictions reproduces it; following fewer keeps more",
+TEST_CASE("planner following a plan's own evictions reproduces it, and following fewer keeps more",
           "[planner]") {
   int followed = 0, fewer = 0;
   for_budgeted_steps(31, 20, 80, 80, {0.5, 0.25}, [&](const StepGraph& g, size_t budget, int n) {
