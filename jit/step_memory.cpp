@@ -558,11 +558,11 @@ std::vector<size_t> arena_sizes(const StepTables& t) {
 }
 
 // `made`, when given, is the placement of these actions made already (by fit_to_budget).
+// `bytes` are arena_sizes(t).
 std::shared_ptr<const memory::ArenaPlan> arena_for(uint64_t key, const StepTables& t,
                                                    const std::vector<memory::PlanAction>& actions,
-                                                   bool refine,
+                                                   const std::vector<size_t>& bytes, bool refine,
                                                    const memory::ArenaPlan* made = nullptr) {
-  const std::vector<size_t> bytes = arena_sizes(t);
   KeyHash mix;
   for (const memory::PlanAction& a : actions)
     mix(static_cast<uint64_t>(a.id) << 8 | static_cast<uint64_t>(a.kind) << 1 | a.in_place);
@@ -709,9 +709,11 @@ void run_with_memory_plan(const FusionPlan& plan, const std::unordered_set<Node*
   // With an arena, the plan is fitted so that the arena and the blocks beside it keep the
   // budget too (memory/arena_fit.h).
   std::optional<memory::ArenaFit> fit;
+  // The values' sizes in the arena (a kernel order does not change them).
+  const std::vector<size_t> sizes = place ? arena_sizes(t) : std::vector<size_t>{};
   if (options.budget > 0 && !reused) {
     if (place) {
-      fit = memory::fit_to_budget(t.graph, planned, arena_sizes(t), settled, reserve_limit);
+      fit = memory::fit_to_budget(t.graph, planned, sizes, settled, reserve_limit);
       if (settled && fit->plan.feasible && !fit->holds) {
         // The order was chosen for the least recomputation, not for packing: another order
         // may fit its reserve in the budget where this one cannot. The plan made once
@@ -725,7 +727,7 @@ void run_with_memory_plan(const FusionPlan& plan, const std::unordered_set<Node*
           if (other == chosen) continue;
           switch_to(other);
           memory::ArenaFit tried =
-              memory::fit_to_budget(t.graph, planned, arena_sizes(t), true, reserve_limit);
+              memory::fit_to_budget(t.graph, planned, sizes, true, reserve_limit);
           if (tried.plan.feasible && tried.holds && tried.plan.extra_cost <= limit)
             better = other, limit = tried.plan.extra_cost, fit = std::move(tried);
         }
@@ -771,7 +773,7 @@ void run_with_memory_plan(const FusionPlan& plan, const std::unordered_set<Node*
   }
   const memory::StepPlan& step_plan = reused ? *reused : simulated;
   if (place)
-    arena_plan = arena_for(key, t, step_plan.actions, settled, fit ? &fit->arena : nullptr);
+    arena_plan = arena_for(key, t, step_plan.actions, sizes, settled, fit ? &fit->arena : nullptr);
   const double planner_ms =
       std::chrono::duration<double, std::milli>(Clock::now() - planning_started).count();
 

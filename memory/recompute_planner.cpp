@@ -15,6 +15,11 @@ constexpr double kUnrebuildable = std::numeric_limits<double>::infinity();
 // step's ~3,300 take 25-50 ms so).
 constexpr size_t kScoreAllKernels = 10000;
 
+// Orders evictions by where they are made (PlannerOptions::follow's key).
+bool earlier_place(const ChosenEviction& a, const ChosenEviction& b) {
+  return std::tie(a.at, a.kernel, a.nth) < std::tie(b.at, b.kernel, b.nth);
+}
+
 // One planning or execution of a step. Values are resident or missing; a missing value with
 // a producer can be rebuilt, a missing leaf is gone for good (it was donated after its
 // last read).
@@ -55,9 +60,7 @@ class Engine {
     runs_here_.assign(g.kernels.size(), 0);
     if (o.follow) {
       follow_ = *o.follow;
-      std::stable_sort(follow_.begin(), follow_.end(), [](const auto& a, const auto& b) {
-        return std::tie(a.at, a.kernel, a.nth) < std::tie(b.at, b.kernel, b.nth);
-      });
+      std::stable_sort(follow_.begin(), follow_.end(), earlier_place);
     }
   }
 
@@ -318,10 +321,7 @@ class Engine {
     };
     if (!follow_.empty()) {
       const ChosenEviction key{p_, kernel, nth, 0, 0};
-      auto it =
-          std::lower_bound(follow_.begin(), follow_.end(), key, [](const auto& a, const auto& b) {
-            return std::tie(a.at, a.kernel, a.nth) < std::tie(b.at, b.kernel, b.nth);
-          });
+      auto it = std::lower_bound(follow_.begin(), follow_.end(), key, earlier_place);
       for (; it != follow_.end() && it->at == p_ && it->kernel == kernel && it->nth == nth; ++it)
         if (resident_[static_cast<size_t>(it->value)] &&
             lock_[static_cast<size_t>(it->value)] == 0 && evictable(it->value))
