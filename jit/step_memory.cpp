@@ -711,9 +711,18 @@ void run_with_memory_plan(const FusionPlan& plan, const std::unordered_set<Node*
   std::optional<memory::ArenaFit> fit;
   // The values' sizes in the arena (a kernel order does not change them).
   const std::vector<size_t> sizes = place ? arena_sizes(t) : std::vector<size_t>{};
+  // What the pool reserves for them: the arena's segment, and beside it the free space of
+  // the segments that hold the parameters and state already there.
+  memory::PoolReserve pool_reserve;
+  if (place) {
+    memory::CachingPool& pool = pool_of(t.device);
+    pool_reserve.arena_segment = &memory::CachingPool::arena_segment;
+    pool_reserve.outside_slack =
+        pool.reserved_in_use() - std::min(pool.reserved_in_use(), pool.allocated());
+  }
   if (options.budget > 0 && !reused) {
     if (place) {
-      fit = memory::fit_to_budget(t.graph, planned, sizes, settled, reserve_limit);
+      fit = memory::fit_to_budget(t.graph, planned, sizes, settled, reserve_limit, pool_reserve);
       if (settled && fit->plan.feasible && !fit->holds) {
         // The order was chosen for the least recomputation, not for packing: another order
         // may fit its reserve in the budget where this one cannot. The plan made once
@@ -727,7 +736,7 @@ void run_with_memory_plan(const FusionPlan& plan, const std::unordered_set<Node*
           if (other == chosen) continue;
           switch_to(other);
           memory::ArenaFit tried =
-              memory::fit_to_budget(t.graph, planned, sizes, true, reserve_limit);
+              memory::fit_to_budget(t.graph, planned, sizes, true, reserve_limit, pool_reserve);
           if (tried.plan.feasible && tried.holds && tried.plan.extra_cost <= limit)
             better = other, limit = tried.plan.extra_cost, fit = std::move(tried);
         }
@@ -822,7 +831,7 @@ void run_with_memory_plan(const FusionPlan& plan, const std::unordered_set<Node*
     if (options.budget > 0 && fitted_for > 0) {
       s.planned_for = fitted_for;
       s.kept_in_gaps = kept_in_gaps;
-      s.planned_reserve = arena_plan->bytes + arena_plan->outside_peak;
+      s.planned_reserve = pool_reserve.reserved(*arena_plan);
       s.reserve_over_budget = s.planned_reserve > planned.budget;
       s.reserve_cost = reserve_cost;
     }

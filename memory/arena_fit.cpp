@@ -81,7 +81,7 @@ std::vector<std::vector<int64_t>> offsets_for(const StepGraph& graph,
 // Keeps in the arena's gaps what fits there: the plan then runs against the whole budget,
 // which its reserve already keeps.
 ArenaFit keep_in_gaps(const StepGraph& graph, ArenaFit fit, const std::vector<size_t>& bytes,
-                      bool thorough) {
+                      bool thorough, const PoolReserve& pool) {
   if (!fit.plan.feasible || !fit.holds) return fit;
   const std::vector<ChosenEviction> needed = evictions_past_gaps(graph, fit.plan, fit.arena, bytes);
   if (needed.size() == fit.plan.chosen.size()) return fit;
@@ -93,11 +93,11 @@ ArenaFit keep_in_gaps(const StepGraph& graph, ArenaFit fit, const std::vector<si
   const std::vector<std::vector<int64_t>> hint =
       offsets_for(graph, fit.plan.actions, fit.arena, kept.actions);
   ArenaPlan arena = plan_arena(graph, kept.actions, bytes, thorough, &hint);
-  if (arena.bytes + arena.outside_peak > fit.policy.budget) return fit;
+  if (pool.reserved(arena) > fit.policy.budget) return fit;
   fit.kept_in_gaps = fit.plan.chosen.size() - needed.size();
   fit.plan = std::move(kept);
   fit.arena = std::move(arena);
-  fit.reserved = fit.arena.bytes + fit.arena.outside_peak;
+  fit.reserved = pool.reserved(fit.arena);
   return fit;
 }
 
@@ -114,7 +114,8 @@ bool preferred(const ArenaFit& a, const ArenaFit& b) {
 }  // namespace
 
 ArenaFit fit_to_budget(const StepGraph& graph, const PlannerOptions& options,
-                       const std::vector<size_t>& bytes, bool thorough, double work_limit) {
+                       const std::vector<size_t>& bytes, bool thorough, double work_limit,
+                       const PoolReserve& pool) {
   const size_t budget = options.budget;
   // The search plans with the given options (a budget it cannot hold is planned up to the
   // rebuild cap, which takes longest); the plan kept is then made thoroughly.
@@ -128,13 +129,13 @@ ArenaFit fit_to_budget(const StepGraph& graph, const PlannerOptions& options,
     fit.planned_for = target;
     if (!fit.plan.feasible) return fit;
     fit.arena = plan_arena(graph, fit.plan.actions, bytes, best_of);
-    fit.reserved = fit.arena.bytes + fit.arena.outside_peak;
+    fit.reserved = pool.reserved(fit.arena);
     fit.holds = fit.reserved <= budget;
     return fit;
   };
   ArenaFit whole = plan_for(budget, thorough);
   if (!whole.plan.feasible || whole.holds)
-    return keep_in_gaps(graph, std::move(whole), bytes, thorough);
+    return keep_in_gaps(graph, std::move(whole), bytes, thorough, pool);
   // The target whose plan holds the reserve with the least recomputation once gaps are
   // used. Each plan packs differently, so the reserve is not monotone in the target: a
   // plan over the budget moves the next target down by its excess, an infeasible one sets a
@@ -171,7 +172,7 @@ ArenaFit fit_to_budget(const StepGraph& graph, const PlannerOptions& options,
       over = fit.reserved - budget;
       continue;
     }
-    fit = keep_in_gaps(graph, std::move(fit), bytes, false);
+    fit = keep_in_gaps(graph, std::move(fit), bytes, false, pool);
     if (!best || preferred(fit, *best))
       best = std::move(fit);
     else if (target > best->planned_for)
@@ -179,7 +180,7 @@ ArenaFit fit_to_budget(const StepGraph& graph, const PlannerOptions& options,
   }
   if (!best) return whole;
   if (thorough) {
-    ArenaFit again = keep_in_gaps(graph, plan_for(best->planned_for, true), bytes, true);
+    ArenaFit again = keep_in_gaps(graph, plan_for(best->planned_for, true), bytes, true, pool);
     if (again.holds && preferred(again, *best)) {
       *best = std::move(again);
     } else {
@@ -187,7 +188,7 @@ ArenaFit fit_to_budget(const StepGraph& graph, const PlannerOptions& options,
       // so the plan still holds.
       const std::vector<std::vector<int64_t>> placed = best->arena.offsets;
       best->arena = plan_arena(graph, best->plan.actions, bytes, true, &placed);
-      best->reserved = best->arena.bytes + best->arena.outside_peak;
+      best->reserved = pool.reserved(best->arena);
     }
   }
   // Holding the reserve is worth a little work, not much: near the floor a few percent of

@@ -251,15 +251,17 @@ void* CachingPool::open_arena(size_t bytes) {
   std::lock_guard lock(mutex_);
   // Parts become host Buffers (core/allocator.h), so only host memory has arenas.
   if (bytes == 0 || bytes > kMaxRequest || !source_->host_addressable()) return nullptr;
-  // Taken like a large block (best fit, or a segment of its own), so that the next step's
-  // arena of the same size finds it again in the cache.
-  const size_t size = round_up(std::max(bytes, kSmallMax + 1), kAlignment);
+  // Taken like a large block (best fit), so that the next step's arena of the same size
+  // finds it again in the cache, or a segment of exactly its size: a budgeted step's plan
+  // counts its reserve to the byte (memory/arena_fit.h), and rounding up to 2 MiB put the
+  // benchmark LSTM's reserve 1.5 MiB over a budget its plan held.
+  const size_t size = arena_segment(bytes);
   Block* block = take_free_block(large_free_, size);
   if (block == nullptr) {
     // A bigger arena than any cached block (a longer sequence, a tighter plan): the older
     // arenas' free segments would otherwise stay reserved beside the new one.
     release_free_segments();
-    block = new_segment(size, false, bytes, nullptr);
+    block = new_segment(size, false, bytes, nullptr, true);
   }
   if (block == nullptr) return nullptr;
   split(block, size);
@@ -371,6 +373,32 @@ size_t CachingPool::allocated() const {
   return stats_.allocated;
 }
 
+size_t CachingPool::reserved_in_use() const {
+  std::lock_guard lock(mutex_);
+  // A segment is fully free when every block of it is: one merged block in a FreeSet, or
+  // small blocks on class lists that have not been merged yet. Each segment is counted at
+  // its first block.
+  size_t free_segments = 0;
+  auto count = [&](const Block* first) {
+    if (first->prev != nullptr) return;
+    size_t bytes = 0;
+    for (const Block* b = first; b != nullptr; b = b->next) {
+      if (!b->free) return;
+      bytes += b->size;
+    }
+    free_segments += bytes;
+  };
+  for (const FreeSet* set : {&small_free_, &large_free_})
+    for (const Block* block : *set) count(block);
+  for (const auto& list : class_free_)
+    for (const Block* block : list) count(block);
+  return stats_.reserved - free_segments;
+}
+
+size_t CachingPool::arena_segment(size_t bytes) {
+  return round_up(std::max(bytes, kSmallMax + 1), kAlignment);
+}
+
 void CachingPool::reset_peak_stats() {
   std::lock_guard lock(mutex_);
   stats_.peak_allocated = stats_.allocated;
@@ -433,13 +461,14 @@ CachingPool::Block* CachingPool::take_free_block(FreeSet& free_set, size_t size)
 }
 
 CachingPool::Block* CachingPool::new_segment(size_t size, bool small, size_t requested,
-                                             std::string* failure) {
+                                             std::string* failure, bool exact) {
   const size_t limit = stats_.limit;
   auto fits = [&](size_t segment) {
     return limit == 0 || (stats_.reserved <= limit && segment <= limit - stats_.reserved);
   };
-  size_t segment =
-      small ? kSmallSegment : (size < kLargeShared ? kLargeSegment : round_up(size, kSmallSegment));
+  size_t segment = exact   ? size
+                   : small ? kSmallSegment
+                           : (size < kLargeShared ? kLargeSegment : round_up(size, kSmallSegment));
   if (!fits(segment)) release_free_segments();
   // Under a tight limit a segment of just this block still lets the request succeed.
   if (!fits(segment)) segment = size;

@@ -102,6 +102,12 @@ class CachingPool : public Allocator {
   size_t block_size_for(size_t bytes) const;
   /// Bytes handed out now (stats().allocated without the rest of the snapshot).
   size_t allocated() const;
+  /// Reserved bytes in segments that hold at least one live block: what empty_cache()
+  /// would leave. Less allocated(), it is the free space those segments pin.
+  size_t reserved_in_use() const;
+  /// The bytes open_arena(`bytes`) reserves when no cached block serves it: arenas get a
+  /// segment of their own, rounded only to the pool's alignment.
+  static size_t arena_segment(size_t bytes);
   /// Starts the peaks again from the current allocated and reserved bytes.
   void reset_peak_stats();
   /// Returns every fully free segment to the source; reserved drops to the segments in use.
@@ -163,7 +169,9 @@ class CachingPool : public Allocator {
   void flush_class_lists();
   size_t largest_free_locked() const;
   void* allocate_locked(size_t bytes, std::string* failure);
-  Block* new_segment(size_t size, bool small, size_t requested, std::string* failure);
+  // `exact`: a segment of just `size` (an arena), not one rounded for reuse by other sizes.
+  Block* new_segment(size_t size, bool small, size_t requested, std::string* failure,
+                     bool exact = false);
   void poison(const void* p, size_t n) const;
   void unpoison(const void* p, size_t n) const;
   void split(Block* block, size_t size);

@@ -241,6 +241,14 @@ class Engine {
     return z ^ (z >> 31);
   }
 
+  // A candidate's bytes times the distance to its next use: the score's denominator, in
+  // double so that large values far apart cannot overflow.
+  double span_of(int v, int next) const {
+    const double bytes = static_cast<double>(g_.values[static_cast<size_t>(v)].bytes);
+    const double distance = static_cast<double>(next) - static_cast<double>(p_) + 1;
+    return bytes * distance;
+  }
+
   // The candidate to evict now, or -1. Only a sample is scored; when none of it can be
   // rebuilt in time, every candidate is.
   int pick() {
@@ -277,8 +285,7 @@ class Engine {
     ranked_.clear();
     for (auto [next, v] : sample_) {
       if (next != kNever && next > horizon_[static_cast<size_t>(v)]) continue;
-      const size_t bytes = g_.values[static_cast<size_t>(v)].bytes;
-      const double span = static_cast<double>(bytes) * static_cast<double>(next - p_ + 1);
+      const double span = span_of(v, next);
       const double own =
           g_.kernels[static_cast<size_t>(g_.values[static_cast<size_t>(v)].producer)].cost;
       ranked_.push_back({next == kNever ? -1.0 : own / span, next, v});
@@ -297,7 +304,7 @@ class Engine {
       if (r.next == kNever) {
         score = -1;  // read by nothing ahead: releasing it costs nothing
       } else {
-        const double span = static_cast<double>(bytes) * static_cast<double>(r.next - p_ + 1);
+        const double span = span_of(v, r.next);
         double cost = rebuild_cost(v, best < 0 ? kUnrebuildable : best_score * span);
         if (cost == kUnrebuildable) continue;
         score = cost / span;

@@ -75,10 +75,10 @@ struct Trainer {
 
 class SmallLSTM : public nn::Module {
  public:
-  SmallLSTM() : nn::Module("SmallLSTM") {
+  explicit SmallLSTM(int64_t hidden = 64) : nn::Module("SmallLSTM") {
     embed = register_module("embed", std::make_shared<nn::Embedding>(32, 32));
-    lstm = register_module("lstm", std::make_shared<nn::LSTM>(32, 64, 1, true, true));
-    head = register_module("head", std::make_shared<nn::Linear>(64, 32));
+    lstm = register_module("lstm", std::make_shared<nn::LSTM>(32, hidden, 1, true, true));
+    head = register_module("head", std::make_shared<nn::Linear>(hidden, 32));
   }
   Tensor forward(const Tensor& x) { return head->forward(lstm->forward(embed->forward(x)).output); }
   std::shared_ptr<nn::Embedding> embed;
@@ -146,12 +146,16 @@ Trainer make_trainer(const std::string& kind, bool checkpointed = false) {
       }
       return nn::cross_entropy(layers.back()->forward(h), y);
     };
-  } else if (kind == "lstm") {
-    auto m = std::make_shared<SmallLSTM>();
+  } else if (kind == "lstm" || kind == "lstm_medium") {
+    // The medium one's step is big enough (tens of MiB) that the pool's segments are a small
+    // part of its reserve.
+    const bool medium = kind == "lstm_medium";
+    const int64_t batch = medium ? 32 : 8, steps = medium ? 96 : 64;
+    auto m = std::make_shared<SmallLSTM>(medium ? 256 : 64);
     t.model = m;
     t.opt = std::make_shared<optim::Adam>(m->parameters(), optim::AdamOptions{.lr = 1e-3});
-    Tensor x = randint(0, 32, {8, 64}).eval(), y = randint(0, 32, {8 * 64}).eval();
-    t.loss_fn = [=] { return nn::cross_entropy(reshape(m->forward(x), {8 * 64, 32}), y); };
+    Tensor x = randint(0, 32, {batch, steps}).eval(), y = randint(0, 32, {batch * steps}).eval();
+    t.loss_fn = [=] { return nn::cross_entropy(reshape(m->forward(x), {batch * steps, 32}), y); };
   } else {
     auto m = std::make_shared<SmallGPT>();
     t.model = m;
@@ -287,12 +291,13 @@ TEST_CASE("values placed in the step's arena compute what pool blocks compute", 
   }
 }
 
-TEST_CASE("once a step's plan is fixed its pool reserve stays within the budget", "[plan]") {
+TEST_CASE("once a step's plan is fixed the pool's measured reserve stays within the budget",
+          "[plan]") {
   BudgetGuard guard;
-  // The plan is made for less than the budget by what the arena's packing and the blocks
-  // beside it need (memory/arena_fit.h), then values are kept in the arena's gaps. On these
-  // small models that costs more than the default limit of 2% more work, so here it may
-  // cost anything.
+  // The plan is made for less than the budget by what the arena's packing, the blocks beside
+  // it and the pool's segments need (memory/arena_fit.h), then values are kept in the arena's
+  // gaps. On these models that costs more than the default limit of 2% more work, so here it
+  // may cost anything.
   struct LimitGuard {
     double was = memory::reserve_work_limit();
     ~LimitGuard() { memory::set_reserve_work_limit(was); }
@@ -300,8 +305,12 @@ TEST_CASE("once a step's plan is fixed its pool reserve stays within the budget"
   CHECK(limit_guard.was == 0.02);
   CHECK_THROWS_AS(memory::set_reserve_work_limit(-1), ValueError);
   memory::set_reserve_work_limit(std::numeric_limits<double>::infinity());
-  for (const char* kind : {"lstm", "transformer"}) {
+  for (const char* kind : {"lstm_medium", "lstm", "transformer"}) {
     const Reference ref = reference(kind);
+    // The small models' steps are a fraction of one of the pool's 2 MiB segments: their
+    // reserve cannot be held, and the plan has to say so rather than claim it (it did
+    // before the plan counted the pool's segments).
+    const bool medium = std::string(kind) == "lstm_medium";
     for (double fraction : {0.5, 0.33}) {
       INFO(kind << " at " << fraction);
       Trainer t = make_trainer(kind);
@@ -322,12 +331,18 @@ TEST_CASE("once a step's plan is fixed its pool reserve stays within the budget"
       CHECK(plan.plan_reused);
       CHECK(plan.arena_bytes > 0);
       CHECK(plan.planned_reserve > plan.arena_bytes);  // the blocks beside it: parameters, state
-      CHECK_FALSE(plan.reserve_over_budget);
-      CHECK(plan.planned_reserve <= budget);
       CHECK(plan.planned_for <= budget);
       CHECK(st.peak_allocated <= budget);
-      // The pool's own reserve is not compared: on models this small it is its segments
-      // (2 MiB for small blocks, 20 MiB for the arena), not the plan's bytes.
+      // What the plan counts is what the pool reserves, to within its alignment.
+      CHECK(static_cast<double>(st.peak_reserved) <=
+            1.01 * static_cast<double>(plan.planned_reserve));
+      CHECK(plan.reserve_over_budget == (plan.planned_reserve > budget));
+      // Where the plan holds the reserve, the pool's does not exceed the budget. Whether it
+      // can hold depends on the free space that blocks of earlier tests pin in the pool's
+      // segments; at 0.5 the medium model's budget leaves room for it.
+      if (!plan.reserve_over_budget) CHECK(st.peak_reserved <= budget);
+      if (medium && fraction == 0.5) CHECK_FALSE(plan.reserve_over_budget);
+      if (!medium) CHECK(plan.reserve_over_budget);
     }
   }
 }

@@ -387,10 +387,43 @@ TEST_CASE("pool: a pool ends with arenas open or still in use", "[pool]") {
     REQUIRE(part != nullptr);
     pool.close_arena(base);
     void* other = pool.allocate(5 * kMiB);
-    fill(other, 5 * kMiB, 31);  // beside the arena, in the same 20 MiB segment
+    fill(other, 5 * kMiB, 31);  // in a segment of its own: the arena's is just its size
     CHECK(verify(other, 5 * kMiB, 31));
-    CHECK(pool.stats().segments == 1);
+    CHECK(pool.stats().segments == 2);
   }
+}
+
+TEST_CASE("pool: an arena reserves its size and reserved_in_use leaves out free segments",
+          "[pool]") {
+  HostPool pool;
+  CHECK(HostPool::arena_segment(3 * kMiB + 100) == 3 * kMiB + 128);  // the pool's alignment
+  CHECK(HostPool::arena_segment(100) == kMiB + 64);                  // a large block at least
+  // Sizes a 2 MiB or 20 MiB segment would round up are reserved to the byte the plan
+  // counts (memory/arena_fit.h).
+  for (size_t bytes : {3 * kMiB + 100, 700 * kKiB, 37 * kMiB + 4096}) {
+    INFO(bytes);
+    void* base = pool.open_arena(bytes);
+    REQUIRE(base != nullptr);
+    CHECK(pool.stats().reserved == HostPool::arena_segment(bytes));
+    CHECK(pool.reserved_in_use() == HostPool::arena_segment(bytes));
+    pool.close_arena(base);
+    CHECK(pool.reserved_in_use() == 0);  // closed and free: empty_cache would return it
+    pool.empty_cache();
+    CHECK(pool.stats().reserved == 0);
+  }
+  // A live block pins its segment's free space; a fully free segment does not count.
+  void* small = pool.allocate(1000);
+  void* large = pool.allocate(5 * kMiB);
+  const size_t both = pool.stats().reserved;
+  CHECK(pool.reserved_in_use() == both);
+  CHECK(pool.reserved_in_use() > pool.allocated());
+  pool.deallocate(large);
+  CHECK(pool.stats().reserved == both);  // cached, not returned
+  CHECK(pool.reserved_in_use() == both - 20 * kMiB);
+  pool.deallocate(small);
+  CHECK(pool.reserved_in_use() == 0);
+  pool.empty_cache();
+  CHECK(pool.stats().reserved == 0);
 }
 
 TEST_CASE("pool: report is a readable table with the key rows", "[pool]") {
