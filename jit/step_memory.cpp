@@ -832,6 +832,7 @@ void run_with_memory_plan(const FusionPlan& plan, const std::unordered_set<Node*
       s.planned_for = fitted_for;
       s.kept_in_gaps = kept_in_gaps;
       s.planned_reserve = pool_reserve.reserved(*arena_plan);
+      s.reserve_pinned = pool_reserve.outside_slack;
       s.reserve_over_budget = s.planned_reserve > planned.budget;
       s.reserve_cost = reserve_cost;
     }

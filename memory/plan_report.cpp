@@ -56,7 +56,8 @@ std::string plan_report() {
                                  : ""));
   if (s.budget > 0 && s.planned_reserve > 0)
     line("reserve",
-         format_bytes(s.planned_reserve) + " planned (arena and blocks beside it)" +
+         format_bytes(s.planned_reserve) + " planned (arena, blocks beside it and " +
+             format_bytes(s.reserve_pinned) + " free in their segments)" +
              (!s.reserve_over_budget
                   ? ", planned for " + format_bytes(s.planned_for) + " allocated, " +
                         std::to_string(s.kept_in_gaps) + " releases kept in gaps, " +

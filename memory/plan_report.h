@@ -55,9 +55,12 @@ struct PlanSummary {
   /// The budget of allocated bytes the plan was made for: below the budget by what the arena's
   /// packing and the blocks outside it need (memory/arena_fit.h); 0 without a budget.
   size_t planned_for = 0;
-  /// The arena and the most bytes outside it at once, as planned: the pool's reserve for the
-  /// step. Within the budget unless `reserve_over_budget`.
+  /// The arena's segment, the most bytes outside it at once and `reserve_pinned`, as
+  /// planned: the pool's reserve for the step. Within the budget unless `reserve_over_budget`.
   size_t planned_reserve = 0;
+  /// Free bytes in the pool's segments that hold live blocks (parameters, state) when the
+  /// step starts: part of the reserve that no plan of the step can release.
+  size_t reserve_pinned = 0;
   /// The reserve is over the budget: no tighter plan fitted it, or the one that did cost more
   /// than memory::reserve_work_limit() of the step's work in rebuilds (memory/arena_fit.h).
   bool reserve_over_budget = false;

@@ -331,6 +331,9 @@ TEST_CASE("once a step's plan is fixed the pool's measured reserve stays within 
       CHECK(plan.plan_reused);
       CHECK(plan.arena_bytes > 0);
       CHECK(plan.planned_reserve > plan.arena_bytes);  // the blocks beside it: parameters, state
+      CHECK(plan.planned_reserve >= plan.arena_bytes + plan.reserve_pinned);
+      // The small models' parameters share 2 MiB segments that are mostly free.
+      if (!medium) CHECK(plan.reserve_pinned > 0);
       CHECK(plan.planned_for <= budget);
       CHECK(st.peak_allocated <= budget);
       // What the plan counts is what the pool reserves, to within its alignment.
