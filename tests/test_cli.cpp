@@ -346,10 +346,31 @@ TEST_CASE("kiln CLI: plan replays a dumped step in every kernel order", "[cli]")
   // A share is of what the step releases in the order it runs unbudgeted, the lowest peak:
   // start 1 + kept 1 + 0.5 x (23 - 2), rounded down.
   CHECK(j.at("budgets").at(2).at("budget_bytes") == 12);
+  // The chosen plan's arena: the six values freed in the step (x1..x3, the sinks) pack with
+  // no gap, so the arena is the most of them alive at once, the eager order's peak of 23
+  // less the 1-byte leaf beside it. Its reserve is the pool's arena segment (just over
+  // 1 MiB), over these budgets, and said so. A budget that cannot be planned has no arena.
+  for (int i : {0, 1}) {
+    const Json& b = j.at("budgets").at(i);
+    INFO(b.dump());
+    CHECK(b.at("arena_live_peak") > 0);
+    CHECK(b.at("arena_bytes") >= b.at("arena_live_peak"));
+    CHECK(b.at("arena_bytes") <= 33);
+    CHECK(b.at("reserve_held") == false);
+    CHECK(b.at("reserve_bytes") > (1u << 20));
+  }
+  const Json& roomy = j.at("budgets").at(1);
+  CHECK(roomy.at("arena_bytes") == 22);
+  CHECK(roomy.at("arena_live_peak") == 22);
+  CHECK(roomy.at("fitted_extra_work_pct") == 0);
+  CHECK_FALSE(j.at("budgets").at(2).contains("arena_bytes"));
 
   RunResult text = kiln_cli(tmp, "plan " + path);
   CHECK(text.status == 0);
   CHECK(text.out.find("kiln would run") != std::string::npos);
+  RunResult roomy_text = kiln_cli(tmp, "plan " + path + " 32");
+  CHECK(roomy_text.out.find("arena 22 B for 22 B alive at once") != std::string::npos);
+  CHECK(roomy_text.out.find("over the budget") != std::string::npos);
 
   std::ofstream(tmp.root() + "/bad.graph") << "kiln-step-graph 1\nbudget x\n";
   RunResult bad = kiln_cli(tmp, "plan " + tmp.root() + "/bad.graph");

@@ -49,7 +49,8 @@ constexpr const char* kPlanUsage =
     "\n"
     "Replays the memory planner on the step tables FILE (written by KILN_PLAN_DUMP=FILE)\n"
     "in every kernel order: unplanned peak and smallest budget per order, then at each\n"
-    "BUDGET the peak, extra work and rebuilds per order and the order kiln would run.\n"
+    "BUDGET the peak, extra work and rebuilds per order, the order kiln would run, and\n"
+    "its arena and pool reserve as a CPU step fits them (held within the budget or over).\n"
     "A BUDGET is a size (\"40MiB\", \"2GB\", bytes) or a number in (0, 1]: that share of\n"
     "the bytes the step releases (unplanned peak less what it starts with and keeps).\n"
     "Without BUDGETs: 0.5 0.33 0.2.\n";

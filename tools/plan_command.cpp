@@ -1,6 +1,7 @@
 // `kiln plan FILE [BUDGET...]`: replays the memory planner on a step's tables written by
-// KILN_PLAN_DUMP, in every kernel order, at the budgets given. It answers "what budget
-// could this step fit, and at what cost" without the model that produced it.
+// KILN_PLAN_DUMP, in every kernel order, at the budgets given, then places the chosen plan
+// in an arena and fits its reserve as a CPU step does. It answers "what budget could this
+// step fit, and at what cost" without the model that produced it.
 #include <algorithm>
 #include <cstdio>
 #include <iostream>
@@ -9,6 +10,8 @@
 #include <vector>
 
 #include "core/error.h"
+#include "memory/arena_fit.h"
+#include "memory/budget.h"
 #include "memory/caching_pool.h"
 #include "memory/device_pools.h"
 #include "memory/schedule_order.h"
@@ -122,6 +125,32 @@ int run_plan_command(const Invocation& inv) {
     text += line;
     row["chosen"] = mem::order_name(choice.order);
     row["chosen_feasible"] = choice.plan.feasible;
+    if (choice.plan.feasible) {
+      // The arena and the reserve as a CPU step fits them (memory/arena_fit.h), with the
+      // tables' sizes and no free space pinned beside it: the file does not record the pool.
+      const mem::StepGraph ordered = mem::reorder(g, choice.perm);
+      std::vector<size_t> sizes(ordered.values.size());
+      for (size_t v = 0; v < sizes.size(); ++v) sizes[v] = ordered.values[v].bytes;
+      const mem::PoolReserve pool{&mem::CachingPool::arena_segment, 0};
+      const mem::ArenaFit fit =
+          mem::fit_to_budget(ordered, options, sizes, true, mem::reserve_work_limit(), pool);
+      const double fit_extra =
+          fit.plan.base_cost > 0 ? 100.0 * fit.plan.extra_cost / fit.plan.base_cost : 0;
+      std::snprintf(
+          line, sizeof line, "  arena %s for %s alive at once; reserve %s, %s; +%.1f%% work\n",
+          mem::format_bytes(fit.arena.bytes).c_str(),
+          mem::format_bytes(fit.arena.live_peak).c_str(), mem::format_bytes(fit.reserved).c_str(),
+          fit.holds ? ("held, planned for " + mem::format_bytes(fit.planned_for)).c_str()
+                    : "over the budget",
+          fit_extra);
+      text += line;
+      row["arena_bytes"] = fit.arena.bytes;
+      row["arena_live_peak"] = fit.arena.live_peak;
+      row["reserve_bytes"] = fit.reserved;
+      row["reserve_held"] = fit.holds;
+      row["planned_for"] = fit.planned_for;
+      row["fitted_extra_work_pct"] = fit_extra;
+    }
     doc["budgets"].push_back(row);
   }
   if (inv.json)
