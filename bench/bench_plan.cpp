@@ -28,7 +28,7 @@
 // reserved over peak allocated (target <= 1.10; <= 1.05 for fixed shapes).
 //
 // `--only mlp|lstm|transformer|varlen` runs one model; KILN_BENCH_PLAN_REPS sets the timed
-// steps per row (default 3).
+// steps per row (default 5, as the runs in docs/benchmarks.md use).
 #include <algorithm>
 #include <cstdio>
 #include <functional>
@@ -193,7 +193,7 @@ Paired measure_paired(const Model& model, int reps, int seq, size_t budget) {
 
 int main(int argc, char** argv) {
   Results results(argc, argv);
-  const int reps = env_int("KILN_BENCH_PLAN_REPS", 3);
+  const int reps = env_int("KILN_BENCH_PLAN_REPS", 5);
   std::string only;  // --only mlp|lstm|transformer|varlen
   for (int i = 1; i + 1 < argc; ++i)
     if (std::string(argv[i]) == "--only") only = argv[i + 1];

@@ -107,7 +107,7 @@ StepTables build_tables(const Schedule& groups, const std::unordered_set<Node*>&
   std::unordered_map<Node*, int> id;
   id.reserve(groups.size() * 2);
   auto value_of = [&](Node* n, int producer) {
-    auto [it, fresh] = id.emplace(n, static_cast<int>(t.nodes.size()));
+    auto [it, fresh] = id.try_emplace(n, static_cast<int>(t.nodes.size()));
     if (fresh) {
       t.nodes.push_back(n);
       PlanValue v;
