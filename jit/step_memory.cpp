@@ -599,8 +599,8 @@ std::shared_ptr<const memory::ArenaPlan> arena_for(uint64_t key, const StepTable
 // tensors return to the pool when those go).
 class OpenArena {
  public:
-  OpenArena(memory::CachingPool& pool, size_t bytes)
-      : pool_(pool), base_(bytes > 0 ? pool.open_arena(bytes) : nullptr) {}
+  OpenArena(memory::CachingPool& pool, size_t bytes, bool exact)
+      : pool_(pool), base_(bytes > 0 ? pool.open_arena(bytes, exact) : nullptr) {}
   ~OpenArena() noexcept {
     try {
       if (base_ != nullptr) pool_.close_arena(base_);
@@ -798,7 +798,9 @@ void run_with_memory_plan(const FusionPlan& plan, const std::unordered_set<Node*
       std::chrono::duration<double, std::milli>(Clock::now() - planning_started).count();
 
   const bool record = memory::step_recording();
-  OpenArena arena(pool_of(t.device), arena_plan ? arena_plan->bytes : 0);
+  // Under a budget the plan counts the arena's own segment, so a bigger cached one (an
+  // earlier unbudgeted step's) is not taken for it.
+  OpenArena arena(pool_of(t.device), arena_plan ? arena_plan->bytes : 0, options.budget > 0);
   JitMachine machine(groups, t, run, record, arena_plan.get(), arena.base());
   memory::PlannerOptions execution = policy;
   execution.budget = executes_at;

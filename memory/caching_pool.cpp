@@ -247,7 +247,7 @@ void CachingPool::deallocate(void* ptr) {
   insert_free(block);
 }
 
-void* CachingPool::open_arena(size_t bytes) {
+void* CachingPool::open_arena(size_t bytes, bool exact) {
   std::lock_guard lock(mutex_);
   // Parts become host Buffers (core/allocator.h), so only host memory has arenas.
   if (bytes == 0 || bytes > kMaxRequest || !source_->host_addressable()) return nullptr;
@@ -257,6 +257,12 @@ void* CachingPool::open_arena(size_t bytes) {
   // benchmark LSTM's reserve 1.5 MiB over a budget its plan held.
   const size_t size = arena_segment(bytes);
   Block* block = take_free_block(large_free_, size);
+  if (block != nullptr && exact && block->size != size) {
+    // A bigger cached block (an unbudgeted step's arena) would keep its whole segment
+    // reserved beside the smaller arena; back to the cache, which is emptied below.
+    large_free_.insert(block);
+    block = nullptr;
+  }
   if (block == nullptr) {
     // A bigger arena than any cached block (a longer sequence, a tighter plan): the older
     // arenas' free segments would otherwise stay reserved beside the new one.

@@ -124,8 +124,10 @@ class CachingPool : public Allocator {
   /// Sets aside one block of `bytes` (an arena) whose parts a planned step hands out at
   /// offsets it chose in advance (RECOMPUTE.md, offline assignment). The block itself is
   /// reserved, not allocated; returns its base, or nullptr when the memory is not there
-  /// (or is not host memory).
-  void* open_arena(size_t bytes);
+  /// (or is not host memory). With `exact` (a budgeted step, whose plan counts its reserve)
+  /// only a cached block of just that size is reused; otherwise the cache is emptied and the
+  /// arena gets a segment of its own size.
+  void* open_arena(size_t bytes, bool exact = false);
   /// Hands out `bytes` at `offset` in an open arena, counted as allocated like any block and
   /// returned by deallocate(); nullptr when the range would overlap a part still handed out
   /// (a plan that changed at run time) or leave the arena. Throws ValueError for a bad base.

@@ -320,7 +320,10 @@ TEST_CASE("once a step's plan is fixed the pool's measured reserve stays within 
       const size_t budget = ref.budget(start, fraction);
       memory::set_budget(budget);
       for (int i = 0; i < 5; ++i) t.step();  // timed three times, then fixed
-      pool().empty_cache();
+      // No empty_cache(): the unbudgeted step's bigger arena was cached, and the budgeted
+      // steps must not have kept it (CachingPool::open_arena's `exact`). The small models'
+      // pools also hold other tests' cached segments, which the plan does not count.
+      if (!medium) pool().empty_cache();
       pool().reset_peak_stats();
       const double loss = t.step();
       const memory::PoolStats st = pool().stats();

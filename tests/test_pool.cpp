@@ -411,6 +411,27 @@ TEST_CASE("pool: an arena reserves its size and reserved_in_use leaves out free 
     pool.empty_cache();
     CHECK(pool.stats().reserved == 0);
   }
+  // Exact (a budgeted step's arena): a bigger cached block is not taken; the cache is
+  // emptied and the arena gets its own size. Otherwise best fit takes the bigger block.
+  {
+    void* big = pool.open_arena(20 * kMiB);
+    REQUIRE(big != nullptr);
+    pool.close_arena(big);
+    void* exact = pool.open_arena(8 * kMiB, true);
+    REQUIRE(exact != nullptr);
+    CHECK(pool.stats().reserved == HostPool::arena_segment(8 * kMiB));
+    pool.close_arena(exact);
+    const size_t os_allocs = pool.stats().os_allocs;
+    void* same = pool.open_arena(8 * kMiB, true);  // the cached block of just that size
+    CHECK(same == exact);
+    CHECK(pool.stats().os_allocs == os_allocs);
+    pool.close_arena(same);
+    void* loose = pool.open_arena(4 * kMiB);
+    CHECK(loose == exact);
+    CHECK(pool.stats().reserved == HostPool::arena_segment(8 * kMiB));
+    pool.close_arena(loose);
+    pool.empty_cache();
+  }
   // A live block pins its segment's free space; a fully free segment does not count.
   void* small = pool.allocate(1000);
   void* large = pool.allocate(5 * kMiB);
