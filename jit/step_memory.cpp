@@ -725,7 +725,7 @@ void run_with_memory_plan(const FusionPlan& plan, const std::unordered_set<Node*
   // What the pool reserves for them: the arena's segment, and beside it the free space of
   // the segments that hold the parameters and state already there.
   memory::PoolReserve pool_reserve;
-  if (place) {
+  if (place && options.budget > 0) {
     memory::CachingPool& pool = pool_of(t.device);
     pool_reserve.arena_segment = &memory::CachingPool::arena_segment;
     pool_reserve.outside_slack =
