@@ -728,8 +728,8 @@ void run_with_memory_plan(const FusionPlan& plan, const std::unordered_set<Node*
   if (place && options.budget > 0) {
     memory::CachingPool& pool = pool_of(t.device);
     pool_reserve.arena_segment = &memory::CachingPool::arena_segment;
-    pool_reserve.outside_slack =
-        pool.reserved_in_use() - std::min(pool.reserved_in_use(), pool.allocated());
+    const size_t in_use = pool.reserved_in_use();  // walks the free lists once
+    pool_reserve.outside_slack = in_use - std::min(in_use, pool.allocated());
   }
   if (options.budget > 0 && !reused) {
     if (place) {
