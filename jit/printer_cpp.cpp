@@ -81,9 +81,17 @@ PrintedKernel print_cpp(const KernelIR& ir) {
 
   if (ir.kind == KernelIR::Kind::Map) {
     p.emit_values();
+    // A map may run in place (jit/step_memory.cpp, assign_in_place): `out` is then the
+    // buffer of an input read only at the element being written. `__restrict` on locals
+    // does not reach clang's alias analysis, so the vectorizer checks for overlap at run
+    // time and, finding it, runs the scalar loop: the Transformer's in-place softmax took
+    // 30 ms instead of 3. Each element is read before it is written and no element reads
+    // another's output, so the loop is safe to vectorize whatever the binding.
     std::string inner =
-        "    for (i64 j = 0; j < len; ++j) {\n      const i64 i" + std::to_string(r - 1) + " = c" +
-        std::to_string(r - 1) + " + j;\n" + p.body +
+        "#if defined(__clang__)\n#pragma clang loop vectorize(assume_safety)\n"
+        "#elif defined(__GNUC__)\n#pragma GCC ivdep\n#endif\n"
+        "    for (i64 j = 0; j < len; ++j) {\n      const i64 i" +
+        std::to_string(r - 1) + " = c" + std::to_string(r - 1) + " + j;\n" + p.body +
         "      out[flat + j] = " + store_expr(ir.out_dtype, "v" + std::to_string(ir.result)) +
         ";\n    }\n";
     body = flat_walk(inner);

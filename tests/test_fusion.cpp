@@ -9,6 +9,7 @@
 #include "jit/kernel_cache.h"
 #include "jit/kernel_ir.h"
 #include "jit/library_gemm.h"
+#include "jit/printer_cpp.h"
 #include "memory/caching_pool.h"
 #include "memory/host_pool.h"
 #include "memory/plan_report.h"
@@ -104,6 +105,36 @@ TEST_CASE("row softmax takes at most 3 kernels", "[fusion]") {
   Tensor x = ready(randn({50, 40}, DType::Float32, g));
   jit::EvalStats s = check_against_reference([&] { return softmax(x * 3.0f, 1); });
   CHECK(s.kernels <= 3);
+}
+
+TEST_CASE("a softmax written over its dying scores agrees with the reference", "[fusion][plan]") {
+  // The normalizing map reads the scores at its own element and row maxima and sums through
+  // a broadcast; the scores die there, so it writes into their buffer. Its loop is marked
+  // safe to vectorize (the vectorizer's run-time overlap check otherwise sends an in-place
+  // run to the scalar loop): the marked loop must still read every element before writing
+  // it. Rows of 133 leave a remainder after the vector body.
+  Generator g(19);
+  Tensor q = ready(randn({3, 37, 24}, DType::Float32, g));
+  Tensor k = ready(randn({3, 24, 133}, DType::Float32, g));
+  {
+    JitScope scope;
+    Tensor y = softmax(matmul(q, k) * 0.5f, 2);
+    eval({y});
+    INFO(memory::plan_report());
+    CHECK(memory::last_plan().in_place >= 1);
+  }
+  check_against_reference([&] { return softmax(matmul(q, k) * 0.5f, 2); });
+
+  Tensor x = ready(randn({4, 9}, DType::Float32, g));
+  Tensor y = exp(x) * 2.0f;
+  std::vector<Node*> outs{y.node().get()};
+  jit::FusionPlan plan = jit::fuse(pending_subgraph(outs), {outs[0]});
+  REQUIRE(plan.groups.size() == 1);
+  jit::LoweredKernel lk = jit::lower(plan.groups[0]);
+  REQUIRE(lk.ir.kind == jit::KernelIR::Kind::Map);
+  std::string source = jit::print_cpp(lk.ir).source;
+  INFO(source);
+  CHECK(source.find("#pragma clang loop vectorize(assume_safety)") != std::string::npos);
 }
 
 TEST_CASE("float32 matmul runs as a library GEMM", "[fusion][matmul]") {
