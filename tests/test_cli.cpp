@@ -364,10 +364,18 @@ TEST_CASE("kiln CLI: plan replays a dumped step in every kernel order", "[cli]")
   CHECK(roomy.at("arena_live_peak") == 22);
   CHECK(roomy.at("fitted_extra_work_pct") == 0);
   CHECK_FALSE(j.at("budgets").at(2).contains("arena_bytes"));
+  // The work floor (memory/work_floor.h): none at 23, where the eager order recomputes
+  // nothing; at 12 making x2 needs the leaf, x1 and x2 at once (21 bytes), in any order.
+  CHECK(tight.at("work_floor_feasible") == true);
+  CHECK(tight.at("work_floor_pct") == 0);
+  CHECK(j.at("budgets").at(2).at("work_floor_feasible") == false);
+  CHECK(j.at("budgets").at(2).at("work_floor_kernel") == 1);
 
   RunResult text = kiln_cli(tmp, "plan " + path);
   CHECK(text.status == 0);
   CHECK(text.out.find("kiln would run") != std::string::npos);
+  CHECK(text.out.find("no plan fits: what must be resident while kernel 1 op2 runs") !=
+        std::string::npos);
   RunResult roomy_text = kiln_cli(tmp, "plan " + path + " 32");
   CHECK(roomy_text.out.find("arena 22 B for 22 B alive at once") != std::string::npos);
   CHECK(roomy_text.out.find("over the budget") != std::string::npos);

@@ -29,6 +29,7 @@
 #include "memory/recompute_planner.h"
 #include "memory/schedule_order.h"
 #include "memory/step_graph_file.h"
+#include "memory/work_floor.h"
 
 using kiln::memory::all_orders;
 using kiln::memory::ArenaFit;
@@ -58,6 +59,8 @@ using kiln::memory::StepGraph;
 using kiln::memory::StepGraphFile;
 using kiln::memory::StepMachine;
 using kiln::memory::StepPlan;
+using kiln::memory::WorkFloor;
+using kiln::memory::extra_work_floor;
 using Kind = kiln::memory::PlanAction::Kind;
 
 namespace {
@@ -691,6 +694,35 @@ TEST_CASE("planner four-layer chain has the hand-derived peak and bound", "[plan
   CHECK((tight.feasible || !tight.failure.empty()));
   CHECK_FALSE(plan_with(g, 308).feasible);
   CHECK_FALSE(plan_with(g, 308).failure.empty());
+}
+
+// The floor on Mlp(3, 2): a1..a3 cost 3, 2, 1 and every value 100 bytes. While g3 is made
+// (k6), x, loss, g4, a3 and g3 (309 bytes) must be resident, and a1 and a2 are read after
+// it; a4 is not. So at 409 one of a1, a2 must go (a2, 2); at 359 150 bytes of them: a2
+// and half of a1 (2 + 1.5). The best plans cost 2 and 5 (a2 rebuilt from a1, then both);
+// the greedy's scores tie at k5 and it pays 4 and 8. Below lower_bound no kernel's moment
+// fits at all.
+TEST_CASE("planner work floor of the four-layer chain is hand-derived", "[planner]") {
+  Mlp m(3.0, 2.0);
+  const StepGraph& g = m.b.g;
+  WorkFloor f = extra_work_floor(g, 409);
+  CHECK(f.feasible);
+  CHECK(f.extra_cost == Approx(2.0));
+  CHECK(f.at_kernel == 6);
+  CHECK(f.base_cost == Approx(12.0));
+  CHECK(plan_with(g, 409).extra_cost >= 2.0);
+  f = extra_work_floor(g, 359);
+  CHECK(f.extra_cost == Approx(3.5));
+  CHECK(f.at_kernel == 6);
+  const StepPlan p359 = plan_with(g, 359);
+  REQUIRE(p359.feasible);
+  CHECK(p359.extra_cost >= 3.5);
+  f = extra_work_floor(g, 509);
+  CHECK(f.feasible);
+  CHECK(f.extra_cost == 0.0);
+  f = extra_work_floor(g, 308);
+  CHECK_FALSE(f.feasible);
+  CHECK(f.at_kernel == 6);
 }
 
 TEST_CASE("planner evicts the value with the lowest rebuild cost per byte and distance",
@@ -1409,6 +1441,39 @@ TEST_CASE("planner order choice never does worse than the given order", "[planne
       CHECK(replay(h, choice.plan, o.budget).error == "");
     }
   }
+}
+
+// No plan the planner makes, in any kernel order, recomputes less than the floor, and a
+// floor that finds no room means the planner finds none either.
+TEST_CASE("planner plans of random steps never recompute less than the work floor", "[planner]") {
+  std::mt19937_64 rng(31);
+  StepShape shape;
+  int bounded = 0;
+  for (int n = 0; n < 150; ++n) {
+    const StepGraph g = random_step(rng, shape);
+    const size_t tail = unread_tail(g);
+    const size_t lb = lower_bound(g), peak = plan_step(g, PlannerOptions{}).peak;
+    for (double share : {0.0, 0.2, 0.5, 0.8}) {
+      PlannerOptions o;
+      o.budget = lb + static_cast<size_t>(share * static_cast<double>(peak - lb));
+      INFO("graph " << n << ", budget " << o.budget);
+      const WorkFloor f = extra_work_floor(g, o.budget);
+      PlannerOptions chosen;
+      const StepPlan best = plan_step_best(g, o, &chosen);
+      const auto choice = choose_schedule_order(g, o, tail);
+      if (!f.feasible) {
+        CHECK_FALSE(best.feasible);
+        CHECK_FALSE(choice.plan.feasible);
+        continue;
+      }
+      if (best.feasible) CHECK(best.extra_cost >= f.extra_cost - 1e-9);
+      if (choice.plan.feasible) CHECK(choice.plan.extra_cost >= f.extra_cost - 1e-9);
+      if (f.extra_cost > 0) ++bounded;
+    }
+  }
+  // Most tight budgets force some recomputation: the floor must see it.
+  CHECK(bounded > 150);
+  WARN(bounded << " of 600 budgets have a nonzero work floor");
 }
 
 // x1 -> x2 -> x3 (10 bytes each), each also read by a 1-byte sink s_i, and one result

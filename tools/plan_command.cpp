@@ -16,6 +16,7 @@
 #include "memory/device_pools.h"
 #include "memory/schedule_order.h"
 #include "memory/step_graph_file.h"
+#include "memory/work_floor.h"
 #include "tools/cli.h"
 
 namespace kiln::cli {
@@ -119,6 +120,30 @@ int run_plan_command(const Invocation& inv) {
                                {"rebuilds", p.recomputes},
                                {"failure", p.failure}});
     }
+    // What no plan can go below, in any order: how far the greedy could still improve.
+    const mem::WorkFloor floor_at = mem::extra_work_floor(g, budget);
+    const double floor_pct =
+        floor_at.base_cost > 0 ? 100.0 * floor_at.extra_cost / floor_at.base_cost : 0;
+    const std::string at_name =
+        floor_at.at_kernel >= 0 &&
+                static_cast<size_t>(floor_at.at_kernel) < file.kernel_names.size()
+            ? " " + file.kernel_names[static_cast<size_t>(floor_at.at_kernel)]
+            : "";
+    if (floor_at.feasible)
+      std::snprintf(line, sizeof line, "  any plan needs at least +%.1f%% work%s%s%s\n", floor_pct,
+                    floor_at.at_kernel >= 0 ? " (while kernel " : "",
+                    floor_at.at_kernel >= 0
+                        ? (std::to_string(floor_at.at_kernel) + at_name).c_str()
+                        : "",
+                    floor_at.at_kernel >= 0 ? " runs)" : "");
+    else
+      std::snprintf(line, sizeof line,
+                    "  no plan fits: what must be resident while kernel %d%s runs exceeds it\n",
+                    floor_at.at_kernel, at_name.c_str());
+    text += line;
+    row["work_floor_feasible"] = floor_at.feasible;
+    row["work_floor_pct"] = floor_pct;
+    row["work_floor_kernel"] = floor_at.at_kernel;
     const mem::OrderChoice choice = mem::choose_schedule_order(g, options, file.fixed_tail);
     std::snprintf(line, sizeof line, "  kiln would run: %s%s\n", mem::order_name(choice.order),
                   choice.plan.feasible ? "" : " (and refuse the budget)");
