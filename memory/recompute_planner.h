@@ -77,6 +77,11 @@ struct ChosenEviction {
   bool operator==(const ChosenEviction&) const = default;
 };
 
+/// The last kernel position at which the step, run unplanned in its given order, holds
+/// more than `budget` bytes (values alive from their kernel to their last read, leaves
+/// until theirs), or -1 when it never does.
+int pressure_end(const StepGraph& graph, size_t budget);
+
 /// Planner settings.
 struct PlannerOptions {
   size_t budget = 0;            ///< Bytes; 0 means no budget (only liveness and reuse).
@@ -84,6 +89,10 @@ struct PlannerOptions {
   int sample_random = 16;       ///< ... plus this many random others.
   uint64_t seed = 0x6b696c6e;   ///< For the random sample (plans are reproducible).
   double max_extra_cost = 3.0;  ///< Abort when recomputation exceeds this × the step's cost.
+  /// Kernel position after which the step no longer exceeds the budget unplanned (see
+  /// pressure_end), or -1: a release lasting past it relieves nothing more, so the score's
+  /// distance to the next use is counted only up to it.
+  int pressure_end = -1;
   /// Evictions to make where they are listed (those whose value is resident and not in use
   /// there), instead of choosing victims by score; the score still chooses whatever more
   /// the budget needs. Following a plan's own `chosen` reproduces it.

@@ -13,7 +13,8 @@ WorkFloor extra_work_floor(const StepGraph& graph, size_t budget) {
 
   std::vector<std::vector<int>> readers(n_values);
   for (size_t k = 0; k < n_kernels; ++k)
-    for (int v : graph.kernels[k].inputs) readers[static_cast<size_t>(v)].push_back(static_cast<int>(k));
+    for (int v : graph.kernels[k].inputs)
+      readers[static_cast<size_t>(v)].push_back(static_cast<int>(k));
   // Allocated when the step starts and never released: all but the releasable leaves.
   size_t always = graph.start_bytes;
   for (const PlanValue& v : graph.values)
@@ -107,8 +108,10 @@ WorkFloor extra_work_floor(const StepGraph& graph, size_t budget) {
     // more than once. Each way of choosing keep or rebuild per input is an item; allowing
     // several items of one value only relaxes the problem, so the floor stays a floor.
     for (int v : candidates)
-      for (int u : graph.kernels[static_cast<size_t>(graph.values[static_cast<size_t>(v)].producer)].inputs) {
-        if (crossing[static_cast<size_t>(u)] == mark || graph.values[static_cast<size_t>(u)].producer < 0)
+      for (int u : graph.kernels[static_cast<size_t>(graph.values[static_cast<size_t>(v)].producer)]
+                       .inputs) {
+        if (crossing[static_cast<size_t>(u)] == mark ||
+            graph.values[static_cast<size_t>(u)].producer < 0)
           continue;
         if (share_mark[static_cast<size_t>(u)] != mark) {
           share_mark[static_cast<size_t>(u)] = mark;
@@ -145,9 +148,8 @@ WorkFloor extra_work_floor(const StepGraph& graph, size_t budget) {
       }
     }
     // Cheapest bytes first; a fraction of the last item stands for the rest.
-    std::sort(items.begin(), items.end(), [](const Item& a, const Item& b) {
-      return a.cost * b.bytes < b.cost * a.bytes;
-    });
+    std::sort(items.begin(), items.end(),
+              [](const Item& a, const Item& b) { return a.cost * b.bytes < b.cost * a.bytes; });
     double cost = 0;
     for (const Item& c : items) {
       if (c.bytes >= over) {

@@ -38,6 +38,7 @@ using kiln::memory::choose_schedule_order;
 using kiln::memory::ChosenEviction;
 using kiln::memory::evictions_past_gaps;
 using kiln::memory::execute_step;
+using kiln::memory::extra_work_floor;
 using kiln::memory::fit_to_budget;
 using kiln::memory::load_step_graph;
 using kiln::memory::lower_bound;
@@ -60,7 +61,6 @@ using kiln::memory::StepGraphFile;
 using kiln::memory::StepMachine;
 using kiln::memory::StepPlan;
 using kiln::memory::WorkFloor;
-using kiln::memory::extra_work_floor;
 using Kind = kiln::memory::PlanAction::Kind;
 
 namespace {
@@ -694,6 +694,23 @@ TEST_CASE("planner four-layer chain has the hand-derived peak and bound", "[plan
   CHECK((tight.feasible || !tight.failure.empty()));
   CHECK_FALSE(plan_with(g, 308).feasible);
   CHECK_FALSE(plan_with(g, 308).failure.empty());
+}
+
+// Unplanned, Mlp(1) holds 108, 208, 308, 408, 409, 509, 509, 409, 309 bytes at k0..k8
+// (each value from its kernel to its last read): over 409 last at k6, over 408 at k7.
+TEST_CASE("planner pressure end of the four-layer chain is hand-derived", "[planner]") {
+  Mlp m(1.0);
+  CHECK(kiln::memory::pressure_end(m.b.g, 409) == 6);
+  CHECK(kiln::memory::pressure_end(m.b.g, 408) == 7);
+  CHECK(kiln::memory::pressure_end(m.b.g, 509) == -1);
+  CHECK(kiln::memory::pressure_end(m.b.g, 0) == -1);
+  // Capping the distance there still plans within the budget.
+  PlannerOptions o;
+  o.budget = 409;
+  o.pressure_end = 6;
+  const StepPlan p = plan_step(m.b.g, o);
+  REQUIRE(p.feasible);
+  CHECK(replay(m.b.g, p, 409).error == "");
 }
 
 // The floor on Mlp(3, 2): a1..a3 cost 3, 2, 1 and every value 100 bytes. While g3 is made

@@ -130,12 +130,11 @@ int run_plan_command(const Invocation& inv) {
             ? " " + file.kernel_names[static_cast<size_t>(floor_at.at_kernel)]
             : "";
     if (floor_at.feasible)
-      std::snprintf(line, sizeof line, "  any plan needs at least +%.1f%% work%s%s%s\n", floor_pct,
-                    floor_at.at_kernel >= 0 ? " (while kernel " : "",
-                    floor_at.at_kernel >= 0
-                        ? (std::to_string(floor_at.at_kernel) + at_name).c_str()
-                        : "",
-                    floor_at.at_kernel >= 0 ? " runs)" : "");
+      std::snprintf(
+          line, sizeof line, "  any plan needs at least +%.1f%% work%s%s%s\n", floor_pct,
+          floor_at.at_kernel >= 0 ? " (while kernel " : "",
+          floor_at.at_kernel >= 0 ? (std::to_string(floor_at.at_kernel) + at_name).c_str() : "",
+          floor_at.at_kernel >= 0 ? " runs)" : "");
     else
       std::snprintf(line, sizeof line,
                     "  no plan fits: what must be resident while kernel %d%s runs exceeds it\n",
