@@ -8,8 +8,10 @@
 // fields carry
 // peak_bytes (the pool's measured peak of allocated bytes over the timed steps),
 // budget_bytes, the unplanned peak, the planned peak, the planner's time per step, the
-// rebuilds per step, the arena's size and bytes alive at once (memory/arena_plan.h), and the
-// pool's reserved/allocated ratio at the peak over budgeted steps alone.
+// rebuilds per step, the extra work and its floor (the least any plan needs at that budget,
+// memory/work_floor.h, on the tables of an unplanned step), the arena's size and bytes alive
+// at once (memory/arena_plan.h), and the pool's reserved/allocated ratio at the peak over
+// budgeted steps alone.
 //
 // A budget fraction f means start + kept + f x (unplanned peak - start - kept): start is
 // what the pool holds when the step begins (parameters, optimizer state, data), kept is what
@@ -29,7 +31,10 @@
 //
 // `--only mlp|lstm|transformer|varlen` runs one model; KILN_BENCH_PLAN_REPS sets the timed
 // steps per row (default 5, as the runs in docs/benchmarks.md use).
+#include <unistd.h>
+
 #include <algorithm>
+#include <filesystem>
 #include <cstdio>
 #include <functional>
 #include <memory>
@@ -41,6 +46,8 @@
 #include "frontend/nn/nn.h"
 #include "frontend/optim.h"
 #include "memory/memory.h"
+#include "memory/step_graph_file.h"
+#include "memory/work_floor.h"
 
 using namespace kiln;
 using namespace kiln::bench;
@@ -156,6 +163,27 @@ Measured measure(const Model& model, int reps, int seq, int warmup = kSettlingSt
   return m;
 }
 
+// The tables of one more unplanned step, with the kernel times measured so far, written
+// through KILN_PLAN_DUMP and read back: each row's work floor (memory/work_floor.h) comes
+// from them.
+memory::StepGraph step_tables(const Model& model, int seq) {
+  const std::string path =
+      (std::filesystem::temp_directory_path() / ("kiln_bench_plan_" + std::to_string(getpid()) +
+                                                 ".graph"))
+          .string();
+  const char* before = std::getenv("KILN_PLAN_DUMP");
+  const std::string saved = before ? before : "";
+  setenv("KILN_PLAN_DUMP", path.c_str(), 1);
+  model.step(seq);
+  if (before)
+    setenv("KILN_PLAN_DUMP", saved.c_str(), 1);
+  else
+    unsetenv("KILN_PLAN_DUMP");
+  memory::StepGraph tables = memory::load_step_graph(path).graph;
+  std::filesystem::remove(path);
+  return tables;
+}
+
 // Step times under `budget` paired with unplanned ones: each timed budgeted step right
 // after an unplanned step of the same model, so that the machine's drift (the same
 // unplanned step moved by 15% between runs minutes apart) shows in both medians alike.
@@ -211,6 +239,7 @@ int main(int argc, char** argv) {
     memory::clear_budget();
     Model model = make(spec.name);
     const Measured base = measure(model, reps, spec.seq);
+    const memory::StepGraph tables = step_tables(model, spec.seq);
     const size_t floor = base.start + base.kept;
     const size_t releasable = base.peak > floor ? base.peak - floor : 0;
     std::printf("%s: unplanned %.1f ms, peak %s (start %s, kept %s), reserved/allocated %.3f\n",
@@ -251,12 +280,16 @@ int main(int argc, char** argv) {
         const size_t peak = std::max(m.peak, alone.peak);
         r.kiln_ms = m.ms;
         r.baseline_ms = m.base_ms;
-        char note[200];
+        const memory::WorkFloor floor_at = memory::extra_work_floor(tables, budget);
+        const double floor_pct =
+            floor_at.base_cost > 0 ? 100.0 * floor_at.extra_cost / floor_at.base_cost : 0;
+        char note[220];
         std::snprintf(note, sizeof note,
-                      "peak %s / budget %s (%.2f of peak)%s, +%.1f%% work, reserved/alloc %.3f",
+                      "peak %s / budget %s (%.2f of peak)%s, +%.1f%% work (floor %.1f%%), "
+                      "reserved/alloc %.3f",
                       memory::format_bytes(peak).c_str(), memory::format_bytes(budget).c_str(),
                       static_cast<double>(budget) / static_cast<double>(base.peak),
-                      peak <= budget ? "" : " OVER", m.extra_pct, alone.reserve_ratio);
+                      peak <= budget ? "" : " OVER", m.extra_pct, floor_pct, alone.reserve_ratio);
         r.note = note;
         r.extra = {{"peak_bytes", static_cast<double>(peak)},
                    {"budget_bytes", static_cast<double>(budget)},
@@ -266,6 +299,7 @@ int main(int argc, char** argv) {
                    {"planner_ms", m.planner_ms},
                    {"rebuilds", m.rebuilds},
                    {"extra_work_pct", m.extra_pct},
+                   {"work_floor_pct", floor_pct},
                    {"arena_bytes", static_cast<double>(m.arena)},
                    {"arena_live_bytes", static_cast<double>(m.arena_live)},
                    {"reserved_ratio", alone.reserve_ratio}};
