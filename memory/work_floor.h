@@ -16,7 +16,7 @@
 
 #include <cstddef>
 
-#include "memory/recompute_planner.h"
+#include "recompute_planner.h"
 
 namespace kiln::memory {
 
