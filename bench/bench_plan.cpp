@@ -34,8 +34,8 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <filesystem>
 #include <cstdio>
+#include <filesystem>
 #include <functional>
 #include <memory>
 #include <string>
@@ -167,10 +167,9 @@ Measured measure(const Model& model, int reps, int seq, int warmup = kSettlingSt
 // through KILN_PLAN_DUMP and read back: each row's work floor (memory/work_floor.h) comes
 // from them.
 memory::StepGraph step_tables(const Model& model, int seq) {
-  const std::string path =
-      (std::filesystem::temp_directory_path() / ("kiln_bench_plan_" + std::to_string(getpid()) +
-                                                 ".graph"))
-          .string();
+  const std::string path = (std::filesystem::temp_directory_path() /
+                            ("kiln_bench_plan_" + std::to_string(getpid()) + ".graph"))
+                               .string();
   const char* before = std::getenv("KILN_PLAN_DUMP");
   const std::string saved = before ? before : "";
   setenv("KILN_PLAN_DUMP", path.c_str(), 1);

@@ -543,7 +543,6 @@ int pressure_end(const StepGraph& g, size_t budget) {
     for (int v : g.kernels[k].inputs) last[static_cast<size_t>(v)] = static_cast<int>(k);
   // Bytes alive at each position: a difference array over [made, last read].
   std::vector<int64_t> delta(nk + 1, 0);
-  int64_t start = static_cast<int64_t>(g.start_bytes);
   for (size_t v = 0; v < g.values.size(); ++v) {
     const PlanValue& pv = g.values[v];
     const auto bytes = static_cast<int64_t>(pv.bytes);
@@ -557,7 +556,7 @@ int pressure_end(const StepGraph& g, size_t budget) {
     delta[static_cast<size_t>(end) + 1] -= bytes;
   }
   int found = -1;
-  int64_t alive = start;
+  auto alive = static_cast<int64_t>(g.start_bytes);
   for (size_t k = 0; k < nk; ++k) {
     alive += delta[k];
     if (budget > 0 && alive > static_cast<int64_t>(budget)) found = static_cast<int>(k);

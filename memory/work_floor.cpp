@@ -30,7 +30,7 @@ WorkFloor extra_work_floor(const StepGraph& graph, size_t budget) {
     double cost;
     double bytes;
   };
-  std::vector<Item> items;
+  std::vector<Item> items, gone;
   for (size_t d = 0; d < n_kernels; ++d) {
     const uint32_t mark = static_cast<uint32_t>(d) + 1;
     const PlanKernel& kd = graph.kernels[d];
@@ -124,7 +124,7 @@ WorkFloor extra_work_floor(const StepGraph& graph, size_t budget) {
     for (int v : candidates) {
       const PlanValue& pv = graph.values[static_cast<size_t>(v)];
       const PlanKernel& producer = graph.kernels[static_cast<size_t>(pv.producer)];
-      std::vector<Item> gone;  // per input that no longer exists: its share of cost, bytes
+      gone.clear();  // per input that no longer exists: its share of cost and bytes
       for (int u : producer.inputs) {
         const PlanValue& pu = graph.values[static_cast<size_t>(u)];
         if (crossing[static_cast<size_t>(u)] == mark || pu.producer < 0) continue;
