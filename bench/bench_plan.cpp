@@ -136,8 +136,8 @@ struct Measured : PlanFigures {
 
 // kiln times a step's first three runs and fixes its plan, kernel order and arena on the
 // fourth (docs/memory.md, "Plans made once"); a training loop runs the fixed plan from then
-// on, so that is what the rows time. The first steps plan again each time (tens of
-// milliseconds more on the LSTM).
+// on, so that is what the rows time. The first steps plan again each time (0.35-0.6 s
+// more on the LSTM, fitting the reserve) and the fixing step takes longer still.
 constexpr int kSettlingSteps = 4;
 
 // `reps` timed steps after `warmup` untimed ones; peaks over the timed steps.
