@@ -124,21 +124,18 @@ int run_plan_command(const Invocation& inv) {
     const mem::WorkFloor floor_at = mem::extra_work_floor(g, budget);
     const double floor_pct =
         floor_at.base_cost > 0 ? 100.0 * floor_at.extra_cost / floor_at.base_cost : 0;
-    const std::string at_name =
-        floor_at.at_kernel >= 0 &&
-                static_cast<size_t>(floor_at.at_kernel) < file.kernel_names.size()
-            ? " " + file.kernel_names[static_cast<size_t>(floor_at.at_kernel)]
-            : "";
+    std::string at;  // " while kernel K (its ops) runs", or nothing
+    if (floor_at.at_kernel >= 0) {
+      const auto k = static_cast<size_t>(floor_at.at_kernel);
+      at = " while kernel " + std::to_string(k) +
+           (k < file.kernel_names.size() ? " " + file.kernel_names[k] : "") + " runs";
+    }
     if (floor_at.feasible)
-      std::snprintf(
-          line, sizeof line, "  any plan needs at least +%.1f%% work%s%s%s\n", floor_pct,
-          floor_at.at_kernel >= 0 ? " (while kernel " : "",
-          floor_at.at_kernel >= 0 ? (std::to_string(floor_at.at_kernel) + at_name).c_str() : "",
-          floor_at.at_kernel >= 0 ? " runs)" : "");
+      std::snprintf(line, sizeof line, "  any plan needs at least +%.1f%% work%s\n", floor_pct,
+                    at.empty() ? "" : (" (" + at.substr(1) + ")").c_str());
     else
-      std::snprintf(line, sizeof line,
-                    "  no plan fits: what must be resident while kernel %d%s runs exceeds it\n",
-                    floor_at.at_kernel, at_name.c_str());
+      std::snprintf(line, sizeof line, "  no plan fits: what must be resident%s exceeds it\n",
+                    at.c_str());
     text += line;
     row["work_floor_feasible"] = floor_at.feasible;
     row["work_floor_pct"] = floor_pct;
