@@ -3,6 +3,8 @@
 //   ((((a*b+c)*0.5)-a)*b)+c  (6 ops)       4M and 16M float32 (one kernel, output written)
 //   row sums / column sums of 4096x4096    (reads only)
 //   row softmax of 4096x4096               (floor: 2 reads + 1 write of the matrix)
+//   concat of 16 pieces [1,512,512] * 2    (one kernel choosing its piece per row, as an
+//                                          RNN's stacked steps and their gradients do)
 // Each kiln time is the median over repetitions of building the graph and evaluating it
 // (after warm-up, so no compile is timed). The baseline "stream-floor" is the bytes the
 // workload must move divided by the bandwidth measured in the same run on kiln's thread
@@ -16,6 +18,7 @@
 #include <map>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "bench_common.h"
 #include "jit/executor.h"
@@ -130,6 +133,12 @@ int main(int argc, char** argv) {
   workloads.push_back({"row sums 4096x4096", mat, side * kFloat, [=] { return sum(x, 1); }});
   workloads.push_back({"column sums 4096x4096", mat, side * kFloat, [=] { return sum(x, 0); }});
   workloads.push_back({"row softmax 4096x4096", 2 * mat, mat, [=] { return softmax(x, 1); }});
+  std::vector<Tensor> pieces;
+  for (int k = 0; k < 16; ++k) pieces.push_back((rand({1, 512, 512}) - 0.5f).eval());
+  keep.insert(keep.end(), pieces.begin(), pieces.end());
+  const double stacked = 16.0 * 512 * 512 * kFloat;
+  workloads.push_back({"concat of 16 pieces 16x512x512", stacked, stacked,
+                       [=] { return concat(pieces, 0) * 2.0f; }});
 
   // Correctness spot checks against the host.
   {
@@ -153,6 +162,12 @@ int main(int argc, char** argv) {
       for (int64_t j = 0; j < side; ++j) s += px[r * side + j];
       ok = ok && close(rows[static_cast<size_t>(r)], s, 1e-3);
     }
+    Tensor joined = (concat(pieces, 0) * 2.0f).eval();
+    const float* pj = joined.data<float>();
+    for (int64_t i = 0; i < 16 * 512 * 512; i += 4099)
+      ok = ok &&
+           pj[i] ==
+               2.0f * pieces[static_cast<size_t>(i / (512 * 512))].data<float>()[i % (512 * 512)];
     if (!ok) {
       std::fprintf(stderr, "bench_fused: kiln's results disagree with the host; not timing\n");
       return 1;

@@ -53,6 +53,10 @@ def main():
         workloads.append((f"6_op_chain_{tag}", chain6, (a, b, c)))
     x = torch.rand(4096, 4096) - 0.5
     workloads.append(("row_softmax_4096x4096", softmax_rows, (x,)))
+    pieces = [torch.rand(1, 512, 512) - 0.5 for _ in range(16)]
+    workloads.append(
+        ("concat_of_16_pieces_16x512x512", lambda *p: torch.cat(p, 0) * 2.0, tuple(pieces))
+    )
 
     with torch.no_grad():
         for name, fn, inputs in workloads:

@@ -4,6 +4,7 @@
 // op rounds exactly where the reference evaluator stores.
 #include "printer_common.h"
 
+#include <algorithm>
 #include <cctype>
 #include <cmath>
 #include <cstdio>
@@ -268,6 +269,26 @@ void ValuePrinter::emit_values() {
     }
     body += indent + "const " + ct + " " + v(id) + " = " + e + ";\n";
   }
+}
+
+namespace {
+int max_param(const IndexExpr& e) {
+  int m = e.kind() == IndexExpr::Kind::Param ? static_cast<int>(e.value()) : -1;
+  if (e.kind() != IndexExpr::Kind::Const && e.kind() != IndexExpr::Kind::Var &&
+      e.kind() != IndexExpr::Kind::Param)
+    for (const IndexExpr& a : e.args()) m = std::max(m, max_param(a));
+  return m;
+}
+}  // namespace
+
+int params_read(const KernelIR& ir) {
+  int m = max_param(ir.store_index);
+  for (const IndexExpr& d : ir.dims) m = std::max(m, max_param(d));
+  for (const IrValue& v : ir.values) {
+    m = std::max({m, max_param(v.index), v.seed_param >= 0 ? v.seed_param + 1 : -1});
+    for (const auto& [e, n] : v.bounds) m = std::max({m, max_param(e), max_param(n)});
+  }
+  return m + 1;
 }
 
 std::string identity_literal(const Dialect& d, ReduceOp op, DType dtype) {

@@ -53,6 +53,9 @@ std::string identity_literal(const Dialect& d, ReduceOp op, DType dtype);
 /// `acc` combined with `x` by reduction `op`.
 std::string combine(ReduceOp op, const std::string& acc, const std::string& x);
 
+/// How many kernel parameters the printed code reads (P[0] up to P[result - 1]).
+int params_read(const KernelIR& ir);
+
 /// Prints the value DAG of `ir` as `const T vN = ...;` statements (and the IndexError
 /// checks of data-dependent reads) into `body`.
 struct ValuePrinter {

@@ -34,25 +34,6 @@ constexpr int64_t kBlockRow = 2048;
 std::string num(int64_t v) { return std::to_string(v); }
 std::string var(int k) { return "i" + num(k); }
 
-int max_param(const IndexExpr& e) {
-  int m = e.kind() == IndexExpr::Kind::Param ? static_cast<int>(e.value()) : -1;
-  if (e.kind() != IndexExpr::Kind::Const && e.kind() != IndexExpr::Kind::Var &&
-      e.kind() != IndexExpr::Kind::Param)
-    for (const IndexExpr& a : e.args()) m = std::max(m, max_param(a));
-  return m;
-}
-
-// Parameters the printed code reads (KArgs::P must hold them all).
-int params_used(const KernelIR& ir) {
-  int m = max_param(ir.store_index);
-  for (const IndexExpr& d : ir.dims) m = std::max(m, max_param(d));
-  for (const IrValue& v : ir.values) {
-    m = std::max({m, max_param(v.index), v.seed_param >= 0 ? v.seed_param + 1 : -1});
-    for (const auto& [e, n] : v.bounds) m = std::max({m, max_param(e), max_param(n)});
-  }
-  return m + 1;
-}
-
 bool mentions(const IndexExpr& e, int k) {
   if (e.kind() == IndexExpr::Kind::Var) return e.value() == k;
   if (e.kind() == IndexExpr::Kind::Const || e.kind() == IndexExpr::Kind::Param) return false;
@@ -279,7 +260,7 @@ PrintedCudaKernel print_cuda(const KernelIR& ir) {
   CudaPrinter c(ir);
   PrintedCudaKernel k;
   k.num_buffers = static_cast<int>(ir.inputs.size()) + 3;
-  k.num_params = std::max({ir.num_params, params_used(ir), 1});
+  k.num_params = std::max({ir.num_params, params_read(ir), 1});
   const std::string out_t = storage_type(ir.out_dtype);
   const char* kind = ir.kind == KernelIR::Kind::Map           ? "map"
                      : ir.kind == KernelIR::Kind::InnerReduce ? "reduce"

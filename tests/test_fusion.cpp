@@ -137,6 +137,38 @@ TEST_CASE("a softmax written over its dying scores agrees with the reference", "
   CHECK(source.find("#pragma clang loop vectorize(assume_safety)") != std::string::npos);
 }
 
+TEST_CASE("concatenated and padded pieces read their parameters before the row loop", "[fusion]") {
+  // Each piece of a concatenation, or each padded slice of a sum (the gradient of slicing
+  // an RNN's steps), is read under a bound on the row; its stride and offset are kernel
+  // parameters read only there. Read through the parameter pointer, the compiler kept those
+  // reads under the bound, inside the loop, and the vectorized loop gathered them per lane
+  // (11 ns per element instead of 1). The printed kernel copies its parameters into a local
+  // array before any loop.
+  Generator g(21);
+  std::vector<Tensor> pieces;
+  for (int k = 0; k < 8; ++k) pieces.push_back(ready(randn({1, 5, 37}, DType::Float32, g)));
+  jit::EvalStats s = check_against_reference([&] { return concat(pieces, 0) * 2.0f; });
+  CHECK(s.kernels == 1);
+  check_against_reference([&] {
+    Tensor total = pad(pieces[0], {{0, 7}, {0, 0}, {0, 0}});
+    for (int64_t k = 1; k < 8; ++k)
+      total = total + pad(pieces[static_cast<size_t>(k)], {{k, 7 - k}, {0, 0}, {0, 0}});
+    return total;
+  });
+
+  Tensor joined = concat(pieces, 0) * 2.0f;
+  std::vector<Node*> outs{joined.node().get()};
+  jit::FusionPlan plan = jit::fuse(pending_subgraph(outs), {outs[0]});
+  REQUIRE(plan.groups.size() == 1);
+  const std::string source = jit::print_cpp(jit::lower(plan.groups[0]).ir).source;
+  INFO(source);
+  const size_t loop = source.find("while (flat < end)");
+  REQUIRE(loop != std::string::npos);
+  CHECK(source.find("const i64 P[") < loop);
+  CHECK(source.find("params[", loop) == std::string::npos);
+  CHECK(source.find("params[") != std::string::npos);
+}
+
 TEST_CASE("float32 matmul runs as a library GEMM", "[fusion][matmul]") {
   Generator g(15);
   Tensor a = ready(randn({2, 17, 9}, DType::Float32, g));
