@@ -204,71 +204,76 @@ std::string ValuePrinter::bounds_check(const IrValue& g, bool errors_only,
   return s;
 }
 
-void ValuePrinter::emit_values() {
-  for (size_t i = 0; i < ir.values.size(); ++i) {
-    const IrValue& x = ir.values[i];
-    int id = static_cast<int>(i);
-    std::string ct = x.kind == IrValue::Kind::InRange ? "bool" : compute_type(x.dtype);
-    std::string e;
-    switch (x.kind) {
-      case IrValue::Kind::Load: {
-        std::string ref = load_ref ? load_ref(id, x) : "";
-        if (ref.empty()) ref = "b" + std::to_string(x.buffer) + "[" + index_str(x.index) + "]";
-        e = load_expr(x.dtype, ref);
-        if (x.guard >= 0) e = v(x.guard) + " ? " + e + " : (" + ct + ")0";
-        break;
+std::string ValuePrinter::statement(int id, int side) const {
+  const IrValue& x = ir.values[static_cast<size_t>(id)];
+  std::string ct = x.kind == IrValue::Kind::InRange ? "bool" : compute_type(x.dtype);
+  std::string e, checks;
+  switch (x.kind) {
+    case IrValue::Kind::Load: {
+      std::string ref = load_ref ? load_ref(id, x) : "";
+      if (ref.empty()) ref = "b" + std::to_string(x.buffer) + "[" + index_str(x.index) + "]";
+      e = side == 0 ? "(" + ct + ")0" : load_expr(x.dtype, ref);
+      if (x.guard >= 0 && side < 0) e = v(x.guard) + " ? " + e + " : (" + ct + ")0";
+      break;
+    }
+    case IrValue::Kind::Const:
+      e = is_floating(x.dtype) ? float_literal(dialect, x.value.to_double(), x.dtype)
+                               : int_literal(x.value.to_int64());
+      break;
+    case IrValue::Kind::Coord:
+      e = normalize(x.dtype, "(" + ct + ")(" + index_str(x.index) + ")");
+      break;
+    case IrValue::Kind::Cast:
+      e = cast_expr(ir.values[x.args[0]].dtype, x.dtype, v(x.args[0]));
+      break;
+    case IrValue::Kind::Random: {
+      std::string seed = "P[" + std::to_string(x.seed_param) + "]";
+      std::string off = "P[" + std::to_string(x.seed_param + 1) + "]";
+      std::string idx = index_str(x.index);
+      if (x.normal) {
+        e = "normal_at(" + seed + ", " + off + ", " + idx + ")";
+      } else {
+        int bits = x.dtype == DType::Float16    ? 11
+                   : x.dtype == DType::BFloat16 ? 8
+                   : x.dtype == DType::Float64  ? 53
+                                                : 24;
+        e = "uniform_bits(" + seed + ", " + off + ", " + idx + ", " + std::to_string(bits) + ")";
       }
-      case IrValue::Kind::Const:
-        e = is_floating(x.dtype) ? float_literal(dialect, x.value.to_double(), x.dtype)
-                                 : int_literal(x.value.to_int64());
-        break;
-      case IrValue::Kind::Coord:
-        e = normalize(x.dtype, "(" + ct + ")(" + index_str(x.index) + ")");
-        break;
-      case IrValue::Kind::Cast:
-        e = cast_expr(ir.values[x.args[0]].dtype, x.dtype, v(x.args[0]));
-        break;
-      case IrValue::Kind::Random: {
-        std::string seed = "P[" + std::to_string(x.seed_param) + "]";
-        std::string off = "P[" + std::to_string(x.seed_param + 1) + "]";
-        std::string idx = index_str(x.index);
-        if (x.normal) {
-          e = "normal_at(" + seed + ", " + off + ", " + idx + ")";
-        } else {
-          int bits = x.dtype == DType::Float16    ? 11
-                     : x.dtype == DType::BFloat16 ? 8
-                     : x.dtype == DType::Float64  ? 53
-                                                  : 24;
-          e = "uniform_bits(" + seed + ", " + off + ", " + idx + ", " + std::to_string(bits) + ")";
-        }
-        e = normalize(x.dtype, e);
-        break;
-      }
-      case IrValue::Kind::InRange: {
-        std::string errs = bounds_check(x, true, false);
-        if (!errs.empty()) {
-          for (size_t k = 0; k < x.bounds.size(); ++k) {
-            if (!x.bound_is_error[k]) continue;
-            std::string ex = index_str(x.bounds[k].first), n = index_str(x.bounds[k].second);
-            std::string pre = bounds_check(x, false, true);
-            body += indent + "if (" + (pre.empty() ? "" : "(" + pre + ") && ") + "!((" + ex +
+      e = normalize(x.dtype, e);
+      break;
+    }
+    case IrValue::Kind::InRange: {
+      std::string errs = bounds_check(x, true, false);
+      if (!errs.empty()) {
+        for (size_t k = 0; k < x.bounds.size(); ++k) {
+          if (!x.bound_is_error[k]) continue;
+          std::string ex = index_str(x.bounds[k].first), n = index_str(x.bounds[k].second);
+          std::string pre = bounds_check(x, false, true);
+          checks += indent + "if (" + (pre.empty() ? "" : "(" + pre + ") && ") + "!((" + ex +
                     ") >= 0 && (" + ex + ") < " + n + ")) kiln_index_error(err, " +
                     std::to_string(x.bound_site[k]) + ", " + ex + ", " + n + ");\n";
-          }
         }
-        e = bounds_check(x, false, false);
-        break;
       }
-      case IrValue::Kind::Op: {
-        const ElementwiseDef& def = elementwise_def(x.op);
-        std::vector<std::string> args;
-        for (int a : x.args) args.push_back(v(a));
-        e = normalize(x.dtype, apply_expr(def.expr, args));
-        break;
-      }
+      e = bounds_check(x, false, false);
+      break;
     }
-    body += indent + "const " + ct + " " + v(id) + " = " + e + ";\n";
+    case IrValue::Kind::Op: {
+      if (x.op == OpCode::Where && side >= 0) {
+        e = v(x.args[side ? 1 : 2]);
+        break;
+      }
+      const ElementwiseDef& def = elementwise_def(x.op);
+      std::vector<std::string> args;
+      for (int a : x.args) args.push_back(v(a));
+      e = normalize(x.dtype, apply_expr(def.expr, args));
+      break;
+    }
   }
+  return checks + indent + "const " + ct + " " + v(id) + " = " + e + ";\n";
+}
+
+void ValuePrinter::emit_values() {
+  for (size_t i = 0; i < ir.values.size(); ++i) body += statement(static_cast<int>(i));
 }
 
 namespace {
@@ -280,6 +285,14 @@ int max_param(const IndexExpr& e) {
   return m;
 }
 }  // namespace
+
+bool mentions_var(const IndexExpr& e, int k) {
+  if (e.kind() == IndexExpr::Kind::Var) return e.value() == k;
+  if (e.kind() == IndexExpr::Kind::Const || e.kind() == IndexExpr::Kind::Param) return false;
+  for (const IndexExpr& a : e.args())
+    if (mentions_var(a, k)) return true;
+  return false;
+}
 
 int params_read(const KernelIR& ir) {
   int m = max_param(ir.store_index);

@@ -53,6 +53,8 @@ std::string identity_literal(const Dialect& d, ReduceOp op, DType dtype);
 /// `acc` combined with `x` by reduction `op`.
 std::string combine(ReduceOp op, const std::string& acc, const std::string& x);
 
+/// Whether `e` depends on domain var i<k>.
+bool mentions_var(const IndexExpr& e, int k);
 /// How many kernel parameters the printed code reads (P[0] up to P[result - 1]).
 int params_read(const KernelIR& ir);
 
@@ -70,6 +72,10 @@ struct ValuePrinter {
   std::string body;
 
   void emit_values();
+  /// The statement(s) defining value `id`, as emit_values prints them. `side` resolves a
+  /// select (Where) or a guarded load whose condition is known: 1 the condition holds (the
+  /// select's first choice, the load unguarded), 0 it does not (the second choice, zero).
+  std::string statement(int id, int side = -1) const;
 
  private:
   std::string bounds_check(const IrValue& g, bool errors_only, bool only_nonerror) const;

@@ -4,6 +4,7 @@
 
 #include <cstdio>
 #include <functional>
+#include <unordered_map>
 
 namespace kiln::jit {
 namespace {
@@ -15,6 +16,162 @@ const char* kPrelude =
     ;
 
 constexpr int kLanes = 16;
+
+// Row-uniform selects. A map's inner loop walks one row of its domain (the last var). A
+// select whose condition does not depend on that var, or a load guarded by such a bound,
+// takes the same side along the whole row. Concatenations and stacks (an RNN's per-step
+// outputs) fuse into trees of such selects over up to 16 pieces, and the loop evaluated
+// every piece's masked load for every element. RowSplit prints one loop per combination of
+// those conditions that matters, chosen once per row by nested ifs, so each loop reads only
+// the piece its rows come from.
+class RowSplit {
+ public:
+  RowSplit(const KernelIR& ir, const ValuePrinter& printer, int inner)
+      : ir_(ir), p_(printer), varies_(ir.values.size(), 0), key_(ir.values.size(), -1) {
+    for (size_t i = 0; i < ir.values.size(); ++i) {
+      const IrValue& x = ir.values[i];
+      bool varies = false;
+      switch (x.kind) {
+        case IrValue::Kind::Load:
+        case IrValue::Kind::Coord:
+        case IrValue::Kind::Random:
+          varies = mentions_var(x.index, inner) ||
+                   (x.guard >= 0 && varies_[static_cast<size_t>(x.guard)]);
+          break;
+        case IrValue::Kind::InRange:
+          for (const auto& [e, n] : x.bounds)
+            varies = varies || mentions_var(e, inner) || mentions_var(n, inner);
+          break;
+        case IrValue::Kind::Const:
+          break;
+        case IrValue::Kind::Op:
+        case IrValue::Kind::Cast:
+          for (int a : x.args) varies = varies || varies_[static_cast<size_t>(a)];
+          break;
+      }
+      varies_[i] = varies;
+    }
+    // Conditions printed alike are one condition (a concatenation repeats the bounds of
+    // its pieces at each level), decided once.
+    std::unordered_map<std::string, int> keys;
+    for (size_t i = 0; i < ir.values.size(); ++i) {
+      const int c = condition(static_cast<int>(i));
+      if (c < 0 || key_[static_cast<size_t>(c)] >= 0) continue;
+      std::string text = p_.statement(c);
+      text = text.substr(text.find(" = "));
+      const int next = static_cast<int>(keys.size());
+      key_[static_cast<size_t>(c)] = keys.emplace(text, next).first->second;
+    }
+    conditions_ = static_cast<int>(keys.size());
+  }
+
+  /// The row's loops, or "" when nothing is row-uniform, a value can raise an error (every
+  /// value is then evaluated, as the reference does) or the combinations are too many.
+  /// `loop(indent)` opens the loop through the inner var's declaration; `store(indent)`
+  /// writes the result.
+  std::string print(const std::function<std::string(const std::string&)>& loop,
+                    const std::function<std::string(const std::string&)>& store) {
+    if (conditions_ == 0 || ir_.can_fail) return "";
+    std::vector<int8_t> known(static_cast<size_t>(conditions_), -1);
+    std::vector<char> defined(ir_.values.size(), 0);
+    leaves_ = 0;
+    std::string out = tree(known, defined, "    ", loop, store);
+    return leaves_ <= kMaxLoops ? out : "";
+  }
+
+ private:
+  // Loops printed at most: each is compiled and vectorized on its own.
+  static constexpr int kMaxLoops = 48;
+
+  // The value whose truth decides value `x` along a row, or -1.
+  int condition(int x) const {
+    const IrValue& v = ir_.values[static_cast<size_t>(x)];
+    int c = -1;
+    if (v.kind == IrValue::Kind::Op && v.op == OpCode::Where) c = v.args[0];
+    if (v.kind == IrValue::Kind::Load) c = v.guard;
+    return c >= 0 && !varies_[static_cast<size_t>(c)] ? c : -1;
+  }
+
+  // The side of `x` that the known conditions choose (1 or 0), or -1.
+  int side(int x, const std::vector<int8_t>& known) const {
+    const int c = condition(x);
+    return c < 0 ? -1 : known[static_cast<size_t>(key_[static_cast<size_t>(c)])];
+  }
+
+  // Marks in `need` what `root` reads under `known`. Returns the first condition met that
+  // is not known yet (one its own condition depends on first), or -1.
+  int walk(int root, const std::vector<int8_t>& known, std::vector<char>& need) const {
+    std::vector<int> stack{root};
+    while (!stack.empty()) {
+      const int x = stack.back();
+      stack.pop_back();
+      if (need[static_cast<size_t>(x)]) continue;
+      const int c = condition(x);
+      const int s = side(x, known);
+      if (c >= 0 && s < 0) {
+        std::vector<char> cone(ir_.values.size(), 0);
+        const int deeper = walk(c, known, cone);
+        return deeper >= 0 ? deeper : c;
+      }
+      need[static_cast<size_t>(x)] = 1;
+      const IrValue& v = ir_.values[static_cast<size_t>(x)];
+      if (c >= 0) {
+        if (v.kind == IrValue::Kind::Op) stack.push_back(v.args[s ? 1 : 2]);
+        continue;  // a guarded load: read unguarded, or zero
+      }
+      for (int a : v.args) stack.push_back(a);
+      if (v.kind == IrValue::Kind::Load && v.guard >= 0) stack.push_back(v.guard);
+    }
+    return -1;
+  }
+
+  // Statements for the values of `need` not yet defined, operands first (ids are in order).
+  std::string define(const std::vector<char>& need, std::vector<char>& defined,
+                     const std::vector<int8_t>& known, const std::string& indent) const {
+    ValuePrinter p(ir_, p_.dialect);
+    p.load_ref = p_.load_ref;
+    p.indent = indent;
+    std::string s;
+    for (size_t i = 0; i < need.size(); ++i) {
+      if (!need[i] || defined[i]) continue;
+      defined[i] = 1;
+      s += p.statement(static_cast<int>(i), side(static_cast<int>(i), known));
+    }
+    return s;
+  }
+
+  std::string tree(std::vector<int8_t>& known, std::vector<char> defined, const std::string& indent,
+                   const std::function<std::string(const std::string&)>& loop,
+                   const std::function<std::string(const std::string&)>& store) {
+    if (leaves_ > kMaxLoops) return "";
+    std::vector<char> need(ir_.values.size(), 0);
+    const int c = walk(ir_.result, known, need);
+    if (c < 0) {
+      ++leaves_;
+      return loop(indent) + define(need, defined, known, indent + "  ") + store(indent + "  ") +
+             indent + "}\n";
+    }
+    std::fill(need.begin(), need.end(), 0);
+    walk(c, known, need);  // known up to c itself
+    std::string s = define(need, defined, known, indent);
+    const auto k = static_cast<size_t>(key_[static_cast<size_t>(c)]);
+    s += indent + "if (v" + std::to_string(c) + ") {\n";
+    known[k] = 1;
+    s += tree(known, defined, indent + "  ", loop, store);
+    s += indent + "} else {\n";
+    known[k] = 0;
+    s += tree(known, defined, indent + "  ", loop, store);
+    known[k] = -1;
+    return s + indent + "}\n";
+  }
+
+  const KernelIR& ir_;
+  const ValuePrinter& p_;
+  std::vector<char> varies_;  // depends on the inner var
+  std::vector<int> key_;      // per condition value: its condition's number
+  int conditions_ = 0;
+  int leaves_ = 0;
+};
 
 std::string accumulator_type(const KernelIR& ir) { return compute_type(accumulator_dtype(ir)); }
 
@@ -98,13 +255,18 @@ PrintedKernel print_cpp(const KernelIR& ir) {
     // time and, finding it, runs the scalar loop: the Transformer's in-place softmax took
     // 30 ms instead of 3. Each element is read before it is written and no element reads
     // another's output, so the loop is safe to vectorize whatever the binding.
-    std::string inner =
-        "#if defined(__clang__)\n#pragma clang loop vectorize(assume_safety)\n"
-        "#elif defined(__GNUC__)\n#pragma GCC ivdep\n#endif\n"
-        "    for (i64 j = 0; j < len; ++j) {\n      const i64 i" +
-        std::to_string(r - 1) + " = c" + std::to_string(r - 1) + " + j;\n" + p.body +
-        "      out[flat + j] = " + store_expr(ir.out_dtype, "v" + std::to_string(ir.result)) +
-        ";\n    }\n";
+    auto loop = [&](const std::string& indent) {
+      return "#if defined(__clang__)\n#pragma clang loop vectorize(assume_safety)\n"
+             "#elif defined(__GNUC__)\n#pragma GCC ivdep\n#endif\n" +
+             indent + "for (i64 j = 0; j < len; ++j) {\n" + indent + "  const i64 i" +
+             std::to_string(r - 1) + " = c" + std::to_string(r - 1) + " + j;\n";
+    };
+    auto store = [&](const std::string& indent) {
+      return indent +
+             "out[flat + j] = " + store_expr(ir.out_dtype, "v" + std::to_string(ir.result)) + ";\n";
+    };
+    std::string inner = rank > 0 ? RowSplit(ir, p, r - 1).print(loop, store) : "";
+    if (inner.empty()) inner = loop("    ") + p.body + store("      ") + "    }\n";
     body = flat_walk(inner);
   } else if (ir.kind == KernelIR::Kind::InnerReduce) {
     p.emit_values();

@@ -34,14 +34,6 @@ constexpr int64_t kBlockRow = 2048;
 std::string num(int64_t v) { return std::to_string(v); }
 std::string var(int k) { return "i" + num(k); }
 
-bool mentions(const IndexExpr& e, int k) {
-  if (e.kind() == IndexExpr::Kind::Var) return e.value() == k;
-  if (e.kind() == IndexExpr::Kind::Const || e.kind() == IndexExpr::Kind::Param) return false;
-  for (const IndexExpr& a : e.args())
-    if (mentions(a, k)) return true;
-  return false;
-}
-
 void add_terms(const IndexExpr& e, std::vector<IndexExpr>& terms) {
   if (e.kind() != IndexExpr::Kind::Add) return terms.push_back(e);
   for (const IndexExpr& a : e.args()) add_terms(a, terms);
@@ -64,7 +56,7 @@ bool unit_stride_base(const IndexExpr& index, int k, IndexExpr& base) {
     }
     if (unit && !found)
       found = true;
-    else if (mentions(t, k))
+    else if (mentions_var(t, k))
       return false;
     else
       base = base + t;

@@ -167,6 +167,29 @@ TEST_CASE("concatenated and padded pieces read their parameters before the row l
   CHECK(source.find("const i64 P[") < loop);
   CHECK(source.find("params[", loop) == std::string::npos);
   CHECK(source.find("params[") != std::string::npos);
+  // Which piece a row reads depends on the row only: the kernel picks it once per row, in
+  // one loop per piece, instead of masking every piece's load for every element.
+  const size_t first_loop = source.find("for (i64 j = 0");
+  CHECK(source.find("if (v", loop) < first_loop);
+  size_t loops = 0;
+  for (size_t at = first_loop; at != std::string::npos; at = source.find("for (i64 j = 0", at + 1))
+    ++loops;
+  CHECK(loops >= 8);
+}
+
+TEST_CASE("a select decided by the row alone agrees with the reference", "[fusion]") {
+  // Conditions that hold along a whole row, split into one loop per side: a row mask loaded
+  // from memory, a bound on the row index, and both nested; a condition that varies along
+  // the row stays a per-element select.
+  Generator g(22);
+  Tensor x = ready(randn({33, 41}, DType::Float32, g));
+  Tensor y = ready(randn({33, 41}, DType::Float32, g));
+  Tensor rows = ready(rand({33, 1}, DType::Float32, g) > 0.5f);
+  check_against_reference([&] { return where(rows, x * 2.0f, y + 1.0f); });
+  check_against_reference([&] {
+    return where(index({33, 41}, 0) < 20, where(rows, x, y), exp(x));
+  });
+  check_against_reference([&] { return where(rows, where(x > y, x, y * 3.0f), 0.5f); });
 }
 
 TEST_CASE("float32 matmul runs as a library GEMM", "[fusion][matmul]") {
