@@ -8,7 +8,7 @@
 // was placed while nothing else needs that place until its rebuilt copy would be freed
 // (evictions_past_gaps), and its rebuild is dropped. The pool's reserve then stays within
 // the budget and close to what is allocated, for at most a set share more of the step's
-// work than a plan for the whole budget (budget.h, set_reserve_work_limit: 2% unless set);
+// work than a plan for the whole budget (budget.h, set_reserve_work_limit: 5% unless set);
 // where it would take more (near the floor a few percent of the budget is much of what may
 // be released), the plan for the whole budget runs.
 #include <cstddef>

@@ -103,7 +103,7 @@ double checked_limit(double share, const std::string& what) {
 double& reserve_limit_locked() {
   static double limit = [] {
     const char* text = std::getenv("KILN_RESERVE_WORK_LIMIT");
-    if (text == nullptr || *text == '\0') return 0.02;
+    if (text == nullptr || *text == '\0') return 0.05;
     char* end = nullptr;
     const double v = std::strtod(text, &end);
     if (end == text || *end != '\0')

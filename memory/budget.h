@@ -27,7 +27,7 @@ void set_plan_margin(double fraction);
 double plan_margin();
 /// How much more recomputation, as a share of a step's work, holding the pool's reserve (the
 /// step's arena and the blocks beside it) within the budget may cost; beyond that only the
-/// allocated bytes keep the budget (memory/arena_fit.h). 0.02 by default; infinity holds it
+/// allocated bytes keep the budget (memory/arena_fit.h). 0.05 by default; infinity holds it
 /// wherever a plan can, 0 only where it costs nothing. KILN_RESERVE_WORK_LIMIT sets it at
 /// start-up ("inf" or a number); a negative or NaN share throws ValueError.
 void set_reserve_work_limit(double share);

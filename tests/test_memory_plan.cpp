@@ -296,13 +296,13 @@ TEST_CASE("once a step's plan is fixed the pool's measured reserve stays within 
   BudgetGuard guard;
   // The plan is made for less than the budget by what the arena's packing, the blocks beside
   // it and the pool's segments need (memory/arena_fit.h), then values are kept in the arena's
-  // gaps. On these models that costs more than the default limit of 2% more work, so here it
-  // may cost anything.
+  // gaps. On these models that can cost more than the default limit of 5% more work, so here
+  // it may cost anything.
   struct LimitGuard {
     double was = memory::reserve_work_limit();
     ~LimitGuard() { memory::set_reserve_work_limit(was); }
   } limit_guard;
-  CHECK(limit_guard.was == 0.02);
+  CHECK(limit_guard.was == 0.05);
   CHECK_THROWS_AS(memory::set_reserve_work_limit(-1), ValueError);
   memory::set_reserve_work_limit(std::numeric_limits<double>::infinity());
   for (const char* kind : {"lstm_medium", "lstm", "transformer"}) {
@@ -371,13 +371,14 @@ TEST_CASE("under the default reserve limit the report says why a reserve is over
     CHECK(plan.plan_reused);
     CHECK(plan.planned_reserve > 0);
     CHECK(plan.reserve_over_budget == (plan.planned_reserve > budget));
+    const double limit = memory::reserve_work_limit();
     if (plan.reserve_over_budget) {
-      // Over only when no tighter plan fits, or the one that does costs more than 2%.
+      // Over only when no tighter plan fits, or the one that does costs more than the limit.
       CHECK(plan.planned_for == budget);
-      CHECK((plan.reserve_cost == 0 || plan.reserve_cost > 0.02 * plan.base_cost));
+      CHECK((plan.reserve_cost == 0 || plan.reserve_cost > limit * plan.base_cost));
       CHECK_THAT(memory::plan_report(), Catch::Contains("over the budget"));
     } else {
-      CHECK(plan.reserve_cost <= 0.02 * plan.base_cost + 1e-12);
+      CHECK(plan.reserve_cost <= limit * plan.base_cost + 1e-12);
       CHECK_THAT(memory::plan_report(), Catch::Contains("releases kept in gaps"));
     }
   }
