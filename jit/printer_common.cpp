@@ -259,7 +259,7 @@ std::string ValuePrinter::statement(int id, int side) const {
     }
     case IrValue::Kind::Op: {
       if (x.op == OpCode::Where && side >= 0) {
-        e = v(x.args[side ? 1 : 2]);
+        e = normalize(x.dtype, v(x.args[side ? 1 : 2]));
         break;
       }
       const ElementwiseDef& def = elementwise_def(x.op);

@@ -155,6 +155,13 @@ class RowSplit {
     walk(c, known, need);  // known up to c itself
     std::string s = define(need, defined, known, indent);
     const auto k = static_cast<size_t>(key_[static_cast<size_t>(c)]);
+    if (ir_.values[static_cast<size_t>(c)].kind == IrValue::Kind::Load && side(c, known) == 0) {
+      // A load outside its guard reads zero: the condition is false, nothing to branch on.
+      known[k] = 0;
+      s += tree(known, defined, indent, loop, store);
+      known[k] = -1;
+      return s;
+    }
     s += indent + "if (v" + std::to_string(c) + ") {\n";
     known[k] = 1;
     s += tree(known, defined, indent + "  ", loop, store);
