@@ -255,7 +255,6 @@ PrintedKernel print_cpp(const KernelIR& ir) {
   };
 
   if (ir.kind == KernelIR::Kind::Map) {
-    p.emit_values();
     // A map may run in place (jit/step_memory.cpp, assign_in_place): `out` is then the
     // buffer of an input read only at the element being written. `__restrict` on locals
     // does not reach clang's alias analysis, so the vectorizer checks for overlap at run
@@ -273,7 +272,10 @@ PrintedKernel print_cpp(const KernelIR& ir) {
              "out[flat + j] = " + store_expr(ir.out_dtype, "v" + std::to_string(ir.result)) + ";\n";
     };
     std::string inner = rank > 0 ? RowSplit(ir, p, r - 1).print(loop, store) : "";
-    if (inner.empty()) inner = loop("    ") + p.body + store("      ") + "    }\n";
+    if (inner.empty()) {
+      p.emit_values();
+      inner = loop("    ") + p.body + store("      ") + "    }\n";
+    }
     body = flat_walk(inner);
   } else if (ir.kind == KernelIR::Kind::InnerReduce) {
     p.emit_values();
