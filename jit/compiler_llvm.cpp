@@ -37,6 +37,7 @@
 #include <llvm/Support/TargetSelect.h>
 #include <llvm/Support/raw_ostream.h>
 #include <llvm/TargetParser/Host.h>
+#include <llvm/TargetParser/Triple.h>
 
 #include <algorithm>
 #include <atomic>
@@ -72,6 +73,17 @@ const HostTarget& host_target() {
     HostTarget t;
     t.triple = llvm::sys::getProcessTriple();
     t.cpu = llvm::sys::getHostCPUName().str();
+    // LLVM names a CPU it does not know (newer than LLVM 16, or hidden by a hypervisor)
+    // "generic", which Clang's x86 target rejects; the features below still describe it,
+    // so the baseline x86 CPU plus those features is -march=native, as the clang driver
+    // does it.
+    if (t.cpu.empty() || t.cpu == "generic") {
+      const llvm::Triple triple(t.triple);
+      if (triple.getArch() == llvm::Triple::x86_64)
+        t.cpu = "x86-64";
+      else if (triple.getArch() == llvm::Triple::x86)
+        t.cpu = "i686";
+    }
     llvm::StringMap<bool> map;
     if (llvm::sys::getHostCPUFeatures(map)) {
       for (const auto& entry : map)
