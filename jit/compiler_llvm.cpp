@@ -49,9 +49,10 @@
 namespace kiln::jit {
 namespace {
 
-const std::vector<std::string> kFlags = {"-std=c++17",     "-O3",          "-vectorize-loops",
-                                         "-vectorize-slp", "-ffp-contract=off", "-fwrapv",
-                                         "-mrelocation-model", "pic", "-pic-level", "2"};
+const std::vector<std::string> kFlags = {
+    "-std=c++17",        "-O3",     "-vectorize-loops",   "-vectorize-slp",
+    "-ffp-contract=off", "-fwrapv", "-mrelocation-model", "pic",
+    "-pic-level",        "2"};
 
 void initialize_llvm() {
   static std::once_flag once;
@@ -124,8 +125,7 @@ ProcessJit& process_jit() {
     initialize_llvm();
     auto made = llvm::orc::LLJITBuilder().create();
     if (!made)
-      throw CompileError("[jit] cannot create the LLVM JIT: " +
-                         llvm::toString(made.takeError()));
+      throw CompileError("[jit] cannot create the LLVM JIT: " + llvm::toString(made.takeError()));
     auto* p = new ProcessJit;
     p->jit = std::move(*made);
     auto& es = p->jit->getExecutionSession();
@@ -175,8 +175,10 @@ class LlvmCompiler final : public CpuCompiler {
  public:
   LlvmCompiler() {
     initialize_llvm();
-    identity_ = std::string("clang ") + CLANG_VERSION_STRING + " " + host_target().triple +
-                " " + join(kFlags, " ");
+    // "host-features": images made before the host's features reached the code generator
+    // (only the CPU's name did) must not be reused from a cache.
+    identity_ = std::string("clang ") + CLANG_VERSION_STRING + " " + host_target().triple + " " +
+                join(kFlags, " ") + " host-features";
   }
 
   std::string name() const override { return "llvm"; }
@@ -204,17 +206,19 @@ class LlvmCompiler final : public CpuCompiler {
     // "N errors generated." goes to the verbose stream, stderr by default.
     ci.setVerboseOutputStream(log_stream);
 
-    std::vector<const char*> args = {"-triple", target.triple.c_str(), "-emit-obj",
-                                     "-nostdsysteminc", "-nobuiltininc",
-                                     "-discard-value-names", "-fno-rtti"};
+    std::vector<const char*> args = {
+        "-triple",       target.triple.c_str(),  "-emit-obj", "-nostdsysteminc",
+        "-nobuiltininc", "-discard-value-names", "-fno-rtti"};
     for (const auto& flag : kFlags) args.push_back(flag.c_str());
     args.insert(args.end(), {"-x", "c++", file.c_str()});
-    bool ok = clang::CompilerInvocation::CreateFromArgs(ci.getInvocation(), args,
-                                                        ci.getDiagnostics());
+    bool ok =
+        clang::CompilerInvocation::CreateFromArgs(ci.getInvocation(), args, ci.getDiagnostics());
     std::vector<uint8_t> image;
     if (ok) {
       ci.getTargetOpts().CPU = target.cpu;
-      ci.getTargetOpts().Features = target.features;
+      // FeaturesAsWritten, as cc1 -target-feature sets it: Features is recomputed from it
+      // when the target is made, and anything set there alone is dropped.
+      ci.getTargetOpts().FeaturesAsWritten = target.features;
       // The preprocessor takes ownership of the buffer (RetainRemappedFileBuffers=false).
       ci.getPreprocessorOpts().addRemappedFile(
           file, llvm::MemoryBuffer::getMemBufferCopy(source, file).release());
