@@ -93,6 +93,10 @@ struct PlannerOptions {
   /// pressure_end), or -1: a release lasting past it relieves nothing more, so the score's
   /// distance to the next use is counted only up to it.
   int pressure_end = -1;
+  /// The score divides the rebuild cost by bytes × distance^distance_power: 1 weighs a
+  /// value's distance to its next use like its bytes; below 1 favours cheap rebuilds over
+  /// distant ones, above 1 the reverse (plan_step_best tries 0.5 and 2 as well).
+  double distance_power = 1.0;
   /// Evictions to make where they are listed (those whose value is resident and not in use
   /// there), instead of choosing victims by score; the score still chooses whatever more
   /// the budget needs. Following a plan's own `chosen` reproduces it.
@@ -147,9 +151,10 @@ StepPlan execute_step(const StepGraph& graph, const PlannerOptions& options, Ste
 
 /// plan_step in a few ways, keeping the feasible plan with the least recomputation (then
 /// the lower peak, then the first tried): as `options` say, with every candidate scored
-/// rather than a sample, and with two other sampling seeds. For a plan made once and reused
-/// (about four plannings more). `*chosen` receives the options of the plan kept: execution
-/// must decide with them to follow it.
+/// rather than a sample, with two other sampling seeds, with the distance counted only
+/// while the step exceeds the budget, and with distance_power 0.5 and 2. For a plan made
+/// once and reused (about eight plannings more). `*chosen` receives the options of the plan kept:
+/// execution must decide with them to follow it.
 StepPlan plan_step_best(const StepGraph& graph, const PlannerOptions& options,
                         PlannerOptions* chosen);
 

@@ -772,6 +772,28 @@ TEST_CASE("planner evicts the value with the lowest rebuild cost per byte and di
     CHECK(p.extra_cost == Approx(1.2));
     CHECK(p.base_cost == Approx(18.2));
   }
+  SECTION("distance weighed by its power: 0 takes the cheapest per byte, 2 the furthest") {
+    // At k5, costs 2, 1.2, 1 over 100 bytes at distances 4, 3, 2 (next use - 5 + 1).
+    // Power 1: a1 2/400 = 0.005, a2 1.2/300 = 0.004, a3 1/200 = 0.005: a2.
+    // Power 0: 2/100, 1.2/100, 1/100: a3. Power 2: 2/1600, 1.2/900, 1/400: a1.
+    Mlp m(2.0, 1.2);
+    const StepGraph& g = m.b.g;
+    auto evicted = [&](double power) {
+      PlannerOptions o;
+      o.budget = 409;
+      o.distance_power = power;
+      const StepPlan p = plan_step(g, o);
+      REQUIRE(replay(g, p, 409).error == "");
+      REQUIRE(p.feasible);
+      REQUIRE(p.evictions >= 1);
+      for (const PlanAction& a : p.actions)
+        if (a.kind == Kind::Evict) return a.id;  // the first: made at k5
+      return -1;
+    };
+    CHECK(evicted(1.0) == m.a2);
+    CHECK(evicted(0.0) == m.a3);
+    CHECK(evicted(2.0) == m.a1);
+  }
   SECTION("a non-recomputable producer's output is never evicted") {
     Mlp m(1.0, 1.2);
     m.b.producer_of(m.a1).recomputable = false;  // a1 would be the choice, as above
