@@ -4,12 +4,15 @@
 // several times (tied weights). The result is ordinary lazy graph: nothing runs here.
 #include "autograd.h"
 
+#include <algorithm>
 #include <functional>
 #include <string>
 #include <unordered_map>
 #include <unordered_set>
 
 #include "elementwise.h"
+#include "reindex.h"
+#include "shape_ops.h"
 #include "sources.h"
 #include "transfer.h"
 
@@ -94,11 +97,95 @@ std::vector<Node*> backward_order(Node* output, const std::function<bool(Node*)>
   return {post.rbegin(), post.rend()};
 }
 
+// concat(tensors, axis) as a tree of concats of at most 8 pieces, each inner one stored
+// (x + 0.0, which the simplifier keeps): a flat concat picks each element's piece by a chain
+// of selects, which fusion splits into a full-size pass per 8 pieces; the tree takes
+// log8(pieces) passes. Floating tensors only.
+Tensor concat_tree(const std::vector<Tensor>& tensors, int64_t axis) {
+  constexpr size_t kFanIn = 8;  // the most stored values one fused kernel reads
+  if (tensors.size() <= kFanIn) return concat(tensors, axis);
+  std::vector<Tensor> level;
+  for (size_t i = 0; i < tensors.size(); i += kFanIn) {
+    const size_t end = std::min(i + kFanIn, tensors.size());
+    std::vector<Tensor> part(tensors.begin() + static_cast<std::ptrdiff_t>(i),
+                             tensors.begin() + static_cast<std::ptrdiff_t>(end));
+    level.push_back(part.size() == 1 ? part[0]
+                                     : add(concat(part, axis), scalar_tensor(Scalar(0.0))));
+  }
+  return concat_tree(level, axis);
+}
+
+// A slice's gradient: g placed at `at` (per dimension) within its input, zero elsewhere.
+struct SlicePiece {
+  Tensor g;
+  std::vector<int64_t> at;
+};
+
+// Where `n` reads its input as a box (x[i + at] in every dimension, no index tensors),
+// the box's offsets; else empty.
+std::vector<int64_t> box_offsets(const Node& n) {
+  if (n.op != OpCode::Reindex || n.inputs.size() != 1) return {};
+  const Node& x = *n.inputs[0];
+  if (n.index_map.size() != x.shape.size() || n.shape.size() != x.shape.size()) return {};
+  std::vector<int64_t> at(n.shape.size(), 0);
+  for (size_t d = 0; d < n.index_map.size(); ++d) {
+    const IndexExpr& e = n.index_map[d];
+    if (e.kind() == IndexExpr::Kind::Add && e.args().size() == 2) {
+      const bool var_first = e.args()[0].kind() == IndexExpr::Kind::Var;
+      const IndexExpr& v = e.args()[var_first ? 0 : 1];
+      const IndexExpr& c = e.args()[var_first ? 1 : 0];
+      if (v.kind() != IndexExpr::Kind::Var || !c.is_const() || v.value() != static_cast<int64_t>(d))
+        return {};
+      at[d] = c.value();
+    } else if (e.kind() != IndexExpr::Kind::Var || e.value() != static_cast<int64_t>(d)) {
+      return {};
+    }
+    if (at[d] < 0 || at[d] + n.shape[d] > x.shape[d]) return {};
+  }
+  return at;
+}
+
+// The gradient of `x` from the gradients of slices of it that are disjoint along one axis
+// and whole along the others, joined (zeros between them) instead of summed as padded
+// full-size terms: an RNN's input gradient is T step slices, and their sum took T/8
+// full-size passes. Undefined when the pieces are not so.
+Tensor join_pieces(const Node& x, std::vector<SlicePiece>& pieces) {
+  if (pieces.size() < 2 || !is_floating(x.dtype)) return Tensor();
+  int axis = -1;
+  for (const SlicePiece& p : pieces)
+    for (size_t d = 0; d < x.shape.size(); ++d) {
+      if (p.at[d] == 0 && p.g.shape()[d] == x.shape[d]) continue;
+      if (axis >= 0 && axis != static_cast<int>(d)) return Tensor();
+      axis = static_cast<int>(d);
+    }
+  if (axis < 0) return Tensor();
+  const auto a = static_cast<size_t>(axis);
+  std::stable_sort(pieces.begin(), pieces.end(),
+                   [&](const SlicePiece& p, const SlicePiece& q) { return p.at[a] < q.at[a]; });
+  std::vector<Tensor> parts;
+  int64_t filled = 0;
+  auto gap = [&](int64_t until) {
+    if (until == filled) return;
+    Shape shape = x.shape;
+    shape[a] = until - filled;
+    parts.push_back(zeros(shape, x.dtype, x.device));
+  };
+  for (const SlicePiece& p : pieces) {
+    if (p.at[a] < filled) return Tensor();  // overlapping slices add up
+    gap(p.at[a]);
+    parts.push_back(p.g.dtype() == x.dtype ? p.g : cast(p.g, x.dtype));
+    filled = p.at[a] + p.g.shape()[a];
+  }
+  gap(x.shape[a]);
+  return concat_tree(parts, axis);
+}
+
 // Gradients of every node in `order` (outputs first) seeded with `seed` at order's front.
 std::unordered_map<Node*, Tensor> propagate(const std::vector<Node*>& order, Node* output,
                                             const Tensor& seed) {
   std::unordered_set<Node*> on_path(order.begin(), order.end());
   std::unordered_map<Node*, Tensor> grads;
+  std::unordered_map<Node*, std::vector<SlicePiece>> pieces;
   grads[output] = seed;
   auto accumulate = [&](Node* in, Tensor gk) {
     if (gk.dtype() != in->dtype) gk = cast(gk, in->dtype);
@@ -106,6 +193,21 @@ std::unordered_map<Node*, Tensor> propagate(const std::vector<Node*>& order, Nod
     if (!fresh) slot->second = add(slot->second, gk);
   };
   for (Node* n : order) {
+    // Every reader of n came before it: its slices' gradients are all in.
+    if (auto p = pieces.find(n); p != pieces.end()) {
+      if (Tensor joined = join_pieces(*n, p->second); joined.defined()) {
+        accumulate(n, joined);
+      } else {
+        for (const SlicePiece& piece : p->second) {
+          std::vector<IndexExpr> back;
+          for (size_t d = 0; d < piece.at.size(); ++d)
+            back.push_back(IndexExpr::var(static_cast<int>(d)) - IndexExpr::constant(piece.at[d]));
+          accumulate(n,
+                     reindex(piece.g, n->shape, std::move(back), 0, {}, false, "reindex backward"));
+        }
+      }
+      pieces.erase(p);
+    }
     auto it = grads.find(n);
     if (it == grads.end()) continue;
     if (n->grad_leaf && n != output) continue;
@@ -113,6 +215,11 @@ std::unordered_map<Node*, Tensor> propagate(const std::vector<Node*>& order, Nod
     // A composite whose rule skips its inner nodes: they get no gradient and are passed over.
     if (Node* z = detail::softmax_input(*n); z != nullptr && on_path.count(z)) {
       accumulate(z, detail::softmax_vjp(*n, g));
+      continue;
+    }
+    if (std::vector<int64_t> at = box_offsets(*n); !at.empty()) {
+      Node* in = n->inputs[0].get();
+      if (on_path.count(in)) pieces[in].push_back({g, std::move(at)});
       continue;
     }
     std::vector<Tensor> in_grads = vjp(*n, g);

@@ -326,6 +326,49 @@ TEST_CASE("backward accumulates into leaves and tied weights get summed gradient
   REQUIRE_FALSE(w.grad().defined());
 }
 
+TEST_CASE("gradients of disjoint slices are joined, not summed as padded terms", "[autograd]") {
+  // An RNN reads its input one step slice at a time. The slices' gradients are disjoint
+  // pieces of the input's: joined with zeros between them (a tree of concats) they take
+  // log8(T) passes; summed as padded full-size terms they took T/8. Values: the hand-derived
+  // gradient of sum_t w_t * x[t] over the steps read, exactly; 0 on the steps never read.
+  std::mt19937_64 rng(7);
+  std::uniform_real_distribution<double> u(-2.0, 2.0);
+  const int64_t steps = 70, rows = 3, cols = 5;
+  std::vector<double> xv(static_cast<size_t>(steps * rows * cols)), wv(xv.size());
+  for (double& v : xv) v = u(rng);
+  for (double& v : wv) v = u(rng);
+  Tensor x = from_vector<double>(xv, {steps, rows, cols}).requires_grad_();
+  Tensor w = from_vector<double>(wv, {steps, rows, cols});
+  std::vector<bool> read(static_cast<size_t>(steps), false);
+  Tensor loss;
+  for (int64_t t = 0; t < steps; ++t) {
+    if (t % 7 == 3 || t == 40 || t == 41) continue;  // gaps, one of two steps
+    read[static_cast<size_t>(t)] = true;
+    Tensor term = sum(squeeze(slice(x, 0, t, t + 1), 0) * squeeze(slice(w, 0, t, t + 1), 0));
+    loss = loss.defined() ? loss + term : term;
+  }
+  Tensor gx = grad(loss, {x})[0];
+  // Joined: the gradient is a selection, not a chain of additions of padded terms.
+  CHECK(gx.node()->op != OpCode::Add);
+  const std::vector<double> got = gx.to_vector<double>();
+  for (int64_t t = 0; t < steps; ++t)
+    for (int64_t k = 0; k < rows * cols; ++k) {
+      const auto at = static_cast<size_t>(t * rows * cols + k);
+      INFO("step " << t << ", element " << k);
+      REQUIRE(got[at] == (read[static_cast<size_t>(t)] ? wv[at] : 0.0));
+    }
+
+  // Slices that overlap, or that differ along two axes, are summed as before.
+  Tensor y = from_vector<double>(std::vector<double>(xv.begin(), xv.begin() + 20), {4, 5})
+                 .requires_grad_();
+  Tensor overlap = sum(slice(y, 0, 0, 3)) + sum(slice(y, 0, 2, 4) * 2.0);
+  CHECK(grad(overlap, {y})[0].to_vector<double>() ==
+        std::vector<double>{1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 3, 3, 3, 3, 3, 2, 2, 2, 2, 2});
+  Tensor corners = sum(slice(slice(y, 0, 0, 2), 1, 0, 2)) + sum(slice(y, 1, 3, 5) * 2.0);
+  CHECK(grad(corners, {y})[0].to_vector<double>() ==
+        std::vector<double>{1, 1, 0, 2, 2, 1, 1, 0, 2, 2, 0, 0, 0, 2, 2, 0, 0, 0, 2, 2});
+}
+
 TEST_CASE("gradients with respect to an intermediate value and seeded outputs", "[autograd]") {
   Tensor x = from_vector<double>({1.0, 2.0, 3.0}).requires_grad_();
   Tensor h = x * 2.0;
