@@ -305,15 +305,25 @@ LoweredKernel Lowerer::run() {
   // it runs as an inner loop with lane accumulators. Anything else is a scatter.
   std::vector<int> kept_vars;
   bool standard = true;
+  // Whether each output dim takes an input dim of its own (or is a size-1 dim at 0).
+  bool one_each = !root->index_map.empty();
+  std::vector<char> taken(x->shape.size(), 0);
   for (size_t d = 0; d < root->index_map.size(); ++d) {
     const IndexExpr& m = root->index_map[d];
+    if (m.kind() == IndexExpr::Kind::Var) {
+      const auto v = static_cast<size_t>(m.value());
+      one_each = one_each && !taken[v];
+      taken[v] = 1;
+    }
     // A kept var must span its output dim exactly, or some outputs would go unwritten.
-    if (m.kind() == IndexExpr::Kind::Var && x->shape[m.value()] == root->shape[d])
+    if (m.kind() == IndexExpr::Kind::Var && x->shape[m.value()] == root->shape[d]) {
       kept_vars.push_back(static_cast<int>(m.value()));
-    else if (m.kind() == IndexExpr::Kind::Var)
+    } else if (m.kind() == IndexExpr::Kind::Var) {
       standard = false;
-    else if (!(m.is_const() && m.value() == 0 && root->shape[d] == 1))
+    } else if (!(m.is_const() && m.value() == 0 && root->shape[d] == 1)) {
       standard = false;
+      one_each = false;
+    }
   }
   for (size_t k = 0; k < kept_vars.size() && standard; ++k)
     if (kept_vars[k] != static_cast<int>(k)) standard = false;
@@ -325,27 +335,12 @@ LoweredKernel Lowerer::run() {
   // dims it sums over keep their order, and only they differ between its terms.
   std::vector<int> position(x->shape.size());
   std::iota(position.begin(), position.end(), 0);
-  if (!standard) {
-    std::vector<char> taken(x->shape.size(), 0);
-    bool one_each = !root->index_map.empty();
-    for (size_t d = 0; d < root->index_map.size() && one_each; ++d) {
-      const IndexExpr& m = root->index_map[d];
-      if (m.kind() == IndexExpr::Kind::Var) {
-        const auto v = static_cast<size_t>(m.value());
-        one_each = !taken[v];
-        taken[v] = 1;
-      } else {
-        one_each = m.is_const() && m.value() == 0 && root->shape[d] == 1;
-      }
-    }
-    const IndexExpr& last =
-        root->index_map.empty() ? IndexExpr::constant(0) : root->index_map.back();
-    if (one_each && root->shape.back() > 1 && last.kind() == IndexExpr::Kind::Var) {
-      const auto u = static_cast<int>(last.value());
-      for (int& p : position)
-        if (p > u) --p;
-      position[static_cast<size_t>(u)] = static_cast<int>(x->shape.size()) - 1;
-    }
+  if (!standard && one_each && root->shape.back() > 1 &&
+      root->index_map.back().kind() == IndexExpr::Kind::Var) {
+    const auto u = static_cast<int>(root->index_map.back().value());
+    for (int& p : position)
+      if (p > u) --p;
+    position[static_cast<size_t>(u)] = static_cast<int>(x->shape.size()) - 1;
   }
   ir.dims.resize(x->shape.size());
   vars.resize(x->shape.size());

@@ -11,7 +11,6 @@
 #include <unordered_set>
 
 #include "elementwise.h"
-#include "reindex.h"
 #include "shape_ops.h"
 #include "sources.h"
 #include "transfer.h"
@@ -117,6 +116,7 @@ Tensor concat_tree(const std::vector<Tensor>& tensors, int64_t axis) {
 
 // A slice's gradient: g placed at `at` (per dimension) within its input, zero elsewhere.
 struct SlicePiece {
+  const Node* slice;
   Tensor g;
   std::vector<int64_t> at;
 };
@@ -198,13 +198,7 @@ std::unordered_map<Node*, Tensor> propagate(const std::vector<Node*>& order, Nod
       if (Tensor joined = join_pieces(*n, p->second); joined.defined()) {
         accumulate(n, joined);
       } else {
-        for (const SlicePiece& piece : p->second) {
-          std::vector<IndexExpr> back;
-          for (size_t d = 0; d < piece.at.size(); ++d)
-            back.push_back(IndexExpr::var(static_cast<int>(d)) - IndexExpr::constant(piece.at[d]));
-          accumulate(n,
-                     reindex(piece.g, n->shape, std::move(back), 0, {}, false, "reindex backward"));
-        }
+        for (const SlicePiece& piece : p->second) accumulate(n, vjp(*piece.slice, piece.g)[0]);
       }
       pieces.erase(p);
     }
@@ -219,7 +213,7 @@ std::unordered_map<Node*, Tensor> propagate(const std::vector<Node*>& order, Nod
     }
     if (std::vector<int64_t> at = box_offsets(*n); !at.empty()) {
       Node* in = n->inputs[0].get();
-      if (on_path.count(in)) pieces[in].push_back({g, std::move(at)});
+      if (on_path.count(in)) pieces[in].push_back({n, g, std::move(at)});
       continue;
     }
     std::vector<Tensor> in_grads = vjp(*n, g);
