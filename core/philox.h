@@ -55,11 +55,18 @@ constexpr std::array<uint32_t, 4> philox_block(uint64_t seed, uint64_t offset, u
                        {static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32)});
 }
 
-/// Uniform float in [0, 1) with 24 random bits: (x0 >> 8) * 2^-24.
+/// The 32 random bits of element `index` of a draw that takes at most 32 bits per element
+/// (float32, float16, bfloat16): word index % 4 of the block of index / 4. One Philox call
+/// serves four consecutive elements, so a generated loop makes a dropout mask with a
+/// quarter of the rounds (jit/cpp_prelude.inc, philox_words).
+constexpr uint32_t philox_word(uint64_t seed, uint64_t offset, uint64_t index) {
+  return philox_block(seed, offset, index >> 2)[index & 3];
+}
+
+/// Uniform float in [0, 1) with 24 random bits: (philox_word >> 8) * 2^-24.
 inline float uniform_float(uint64_t seed, uint64_t offset, uint64_t index) {
-  const auto x = philox_block(seed, offset, index);
   // Exact in float: a 24-bit integer times a power of two; the largest value is 1 - 2^-24.
-  return static_cast<float>(x[0] >> 8) * philox_detail::kTwoPow24Inv;
+  return static_cast<float>(philox_word(seed, offset, index) >> 8) * philox_detail::kTwoPow24Inv;
 }
 
 /// Uniform double in [0, 1) with 53 random bits: ((x0 << 32 | x1) >> 11) * 2^-53.

@@ -237,7 +237,10 @@ std::string ValuePrinter::statement(int id, int side) const {
                    : x.dtype == DType::BFloat16 ? 8
                    : x.dtype == DType::Float64  ? 53
                                                 : 24;
-        e = "uniform_bits(" + seed + ", " + off + ", " + idx + ", " + std::to_string(bits) + ")";
+        const std::string word = random_word ? random_word(id) : "";
+        e = word.empty() ? "uniform_bits(" + seed + ", " + off + ", " + idx + ", " +
+                               std::to_string(bits) + ")"
+                         : "uniform_word(" + word + ", " + std::to_string(bits) + ")";
       }
       e = normalize(x.dtype, e);
       break;

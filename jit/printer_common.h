@@ -69,6 +69,9 @@ struct ValuePrinter {
   /// Stored element a load reads; empty = `b<buffer>[index]`. The CUDA printer reads
   /// vector-loaded values from registers through it.
   std::function<std::string(int id, const IrValue& load)> load_ref;
+  /// The 32 random bits a uniform Random value takes, as an expression (the C++ printer
+  /// makes a row's words ahead of its loop); empty = drawn per element.
+  std::function<std::string(int id)> random_word;
   std::string body;
 
   void emit_values();

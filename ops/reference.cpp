@@ -76,7 +76,7 @@ void run_random(Node& n, void* out) {
       v = uniform_double(n.seed, n.offset, idx);
     } else {
       // Draw only as many bits as the dtype holds so that rounding never reaches 1.0.
-      uint32_t x0 = philox_block(n.seed, n.offset, idx)[0];
+      uint32_t x0 = philox_word(n.seed, n.offset, idx);
       int bits = n.dtype == DType::Float16 ? 11 : n.dtype == DType::BFloat16 ? 8 : 24;
       v = std::ldexp(static_cast<double>(x0 >> (32 - bits)), -bits);
     }

@@ -193,6 +193,70 @@ TEST_CASE("a select decided by the row alone agrees with the reference", "[fusio
   check_against_reference([&] { return where(rows, where(x > y, x, y * 3.0f), 0.5f); });
 }
 
+TEST_CASE("rows of random draws take four elements per Philox block", "[fusion][random]") {
+  // A map whose uniform draw steps by one along its rows makes each row's random words
+  // ahead of the loop, one Philox block per four elements, in chunks of 256. The words must
+  // be those philox_word gives each element wherever a row, a chunk or a thread's range
+  // starts: compared exactly with the reference (the same bits on both sides).
+  auto exact = [](auto build) {
+    set_executor("jit");
+    Tensor jit_out = build();
+    eval({jit_out});
+    set_executor("reference");
+    Tensor ref_out = build();
+    std::vector<double> want = ref_out.to_vector<double>();
+    set_executor("");
+    std::vector<double> got = jit_out.to_vector<double>();
+    REQUIRE(got.size() == want.size());
+    size_t differ = 0;
+    for (size_t i = 0; i < got.size(); ++i) differ += got[i] != want[i];
+    CHECK(differ == 0);
+  };
+  for (DType d : {DType::Float32, DType::Float16, DType::BFloat16}) {
+    INFO(dtype_name(d));
+    // Rows of 701: every residue mod 4 starts a row, and chunks end mid-row.
+    exact([&] {
+      Generator g(5);
+      return rand({3, 5, 701}, d, g) * 2.0f;
+    });
+  }
+  // Rows starting mid-draw (a slice), and a dropout-style mask.
+  exact([&] {
+    Generator g(6);
+    return slice(rand({40, 1030}, DType::Float32, g), 1, 3, 1029) < 0.3f;
+  });
+  // Two draws in one kernel, one of them broadcast along the rows (drawn per element).
+  exact([&] {
+    Generator g(7);
+    Tensor a = rand({17, 300}, DType::Float32, g);
+    return a + rand({17, 1}, DType::Float32, g);
+  });
+  // Long rows split between threads mid-row.
+  exact([&] {
+    Generator g(8);
+    return rand({3, 100003}, DType::Float32, g) * 3.0f;
+  });
+
+  auto printed = [](const Tensor& y) {
+    std::vector<Node*> outs{y.node().get()};
+    jit::FusionPlan plan = jit::fuse(pending_subgraph(outs), {outs[0]});
+    REQUIRE(plan.groups.size() == 1);
+    return jit::print_cpp(jit::lower(plan.groups[0]).ir).source;
+  };
+  Generator g(9);
+  const std::string along = printed(rand({4, 9}, DType::Float32, g) * 2.0f);
+  INFO(along);
+  CHECK(along.find(" = philox_words(") != std::string::npos);
+  // A transposed draw steps by a row length: drawn per element.
+  const std::string across = printed(transpose(rand({9, 4}, DType::Float32, g), 0, 1) * 2.0f);
+  INFO(across);
+  CHECK(across.find(" = philox_words(") == std::string::npos);
+  exact([&] {
+    Generator h(10);
+    return transpose(rand({9, 4}, DType::Float32, h), 0, 1) * 2.0f;
+  });
+}
+
 TEST_CASE("a sum into a transposed output writes consecutive outputs innermost", "[fusion]") {
   // sum over a batch of x*y into [n, m] (the gradient of a transposed product, as an LSTM's
   // first step gives it) is a scatter: each output dim takes one input dim. Its innermost

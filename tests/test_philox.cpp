@@ -72,7 +72,13 @@ TEST_CASE("uniform values lie in the half-open unit interval", "[rng]") {
 
 TEST_CASE("uniform conversions use the documented bits", "[rng]") {
   const Block x = kiln::philox_block(3, 5, 11);
-  CHECK(kiln::uniform_float(3, 5, 11) == static_cast<float>(x[0] >> 8) / 16777216.0f);
+  // Floats take one word each, four consecutive elements from one block: element 11 is
+  // word 3 of block 2, elements 8..11 are block 2's words in order.
+  const Block b2 = kiln::philox_block(3, 5, 2);
+  CHECK(kiln::uniform_float(3, 5, 11) == static_cast<float>(b2[3] >> 8) / 16777216.0f);
+  for (uint64_t w = 0; w < 4; ++w) CHECK(kiln::philox_word(3, 5, 8 + w) == b2[w]);
+  CHECK(kiln::philox_word(3, 5, 12) == kiln::philox_block(3, 5, 3)[0]);
+  // Doubles take a block each.
   const uint64_t top53 = ((static_cast<uint64_t>(x[0]) << 32) | x[1]) >> 11;
   CHECK(kiln::uniform_double(3, 5, 11) == std::ldexp(static_cast<double>(top53), -53));
 }
