@@ -1,9 +1,8 @@
 // Elementwise ops and sources: the op registry over dtypes and shapes, then the rules the
 // registry cannot express generically (promotion, integer corner cases, casts, operators),
 // then fills, ranges, host data and counter-based random numbers.
-#include <catch2/catch.hpp>
-
 #include <algorithm>
+#include <catch2/catch.hpp>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -65,7 +64,8 @@ std::vector<float> random_floats(size_t n, uint64_t seed, float lo = -5, float h
 // The registry
 // ---------------------------------------------------------------------------------------
 
-TEST_CASE("registry: every unary op matches its float64 reference over dtypes and shapes", "[elementwise][registry]") {
+TEST_CASE("registry: every unary op matches its float64 reference over dtypes and shapes",
+          "[elementwise][registry]") {
   uint64_t seed = 1000;
   for (const auto& c : kiln::test::unary_cases()) {
     for (DType d : kiln::test::registry_dtypes()) {
@@ -78,7 +78,46 @@ TEST_CASE("registry: every unary op matches its float64 reference over dtypes an
   }
 }
 
-TEST_CASE("registry: every binary op matches its float64 reference with broadcasting", "[elementwise][registry]") {
+TEST_CASE("float32 exp holds 2 ulp down to subnormal results and maps -inf to 0", "[elementwise]") {
+  // Generated kernels compute float exp inline (jit/cpp_prelude.inc) so loops vectorize;
+  // inputs whose result rounds to 0 take a shortcut that avoids subnormal products (a
+  // masked score's -inf). Checked against float64 exp rounded to float, one ulp being the
+  // spacing at the expected value (2^-149 among subnormals).
+  std::vector<float> x;
+  for (float v = -110.0f; v < 90.0f; v += 0.0137f) x.push_back(v);
+  for (float v : {-103.97208f, -103.9f, -103.0f, -87.34f, -87.33f, 88.7f, 88.72283935546875f,
+                  88.73f, 0.0f, -0.0f})
+    x.push_back(v);
+  const float inf = std::numeric_limits<float>::infinity();
+  x.push_back(-inf);
+  x.push_back(inf);
+  x.push_back(std::numeric_limits<float>::quiet_NaN());
+  kiln::set_executor("jit");
+  std::vector<float> got =
+      exp(kiln::from_vector<float>(x) * 1.0f).to_vector<float>();  // * 1: a fused kernel
+  kiln::set_executor("");
+  REQUIRE(got.size() == x.size());
+  int subnormal = 0;
+  for (size_t i = 0; i < x.size(); ++i) {
+    INFO("exp(" << x[i] << ") = " << got[i]);
+    const auto want = static_cast<float>(std::exp(static_cast<double>(x[i])));
+    if (std::isnan(x[i])) {
+      CHECK(std::isnan(got[i]));
+      continue;
+    }
+    if (std::isinf(want) || want == 0.0f) {
+      CHECK(got[i] == want);
+      continue;
+    }
+    subnormal += std::fpclassify(want) == FP_SUBNORMAL;
+    const float ulp = std::nextafter(want, inf) - want;
+    CHECK(std::fabs(got[i] - want) <= 2 * ulp);
+  }
+  CHECK(subnormal > 100);
+}
+
+TEST_CASE("registry: every binary op matches its float64 reference with broadcasting",
+          "[elementwise][registry]") {
   uint64_t seed = 2000;
   for (const auto& c : kiln::test::binary_cases()) {
     for (DType d : kiln::test::registry_dtypes()) {
@@ -91,7 +130,8 @@ TEST_CASE("registry: every binary op matches its float64 reference with broadcas
   }
 }
 
-TEST_CASE("registry: binary ops with a C++ scalar on either side keep the tensor's dtype", "[elementwise][registry]") {
+TEST_CASE("registry: binary ops with a C++ scalar on either side keep the tensor's dtype",
+          "[elementwise][registry]") {
   uint64_t seed = 3000;
   for (const auto& c : kiln::test::binary_cases()) {
     for (DType d : kiln::test::registry_dtypes()) {
@@ -124,8 +164,10 @@ TEST_CASE("promotion: results of public ops follow PyTorch's rules", "[elementwi
   Tensor i32 = kiln::from_vector<int32_t>({1, -2, 3});
   Tensor i8 = kiln::from_vector<int8_t>({1, -2, 3});
   Tensor u8 = kiln::from_vector<uint8_t>({1, 2, 3});
-  Tensor f16 = kiln::from_vector<kiln::Half>({kiln::Half(1.0f), kiln::Half(-2.0f), kiln::Half(0.5f)});
-  Tensor bf16 = kiln::from_vector<kiln::BFloat16>({kiln::BFloat16(1.0f), kiln::BFloat16(2.0f), kiln::BFloat16(4.0f)});
+  Tensor f16 =
+      kiln::from_vector<kiln::Half>({kiln::Half(1.0f), kiln::Half(-2.0f), kiln::Half(0.5f)});
+  Tensor bf16 = kiln::from_vector<kiln::BFloat16>(
+      {kiln::BFloat16(1.0f), kiln::BFloat16(2.0f), kiln::BFloat16(4.0f)});
   Tensor f32 = kiln::from_vector<float>({0.5f, 1.5f, -2.5f});
   Tensor b = kiln::from_vector<bool>({true, false, true});
 
@@ -183,9 +225,9 @@ TEST_CASE("promotion: results of public ops follow PyTorch's rules", "[elementwi
     check_ints(i8 + u8, {2, 0, 6});
   }
   SECTION("zero-dimensional tensors rank between dimensioned tensors and scalars") {
-    CHECK((f32 + kiln::tensor(2.0)).dtype() == DType::Float32);   // same category: dims win
+    CHECK((f32 + kiln::tensor(2.0)).dtype() == DType::Float32);  // same category: dims win
     CHECK((i32 + kiln::tensor(int64_t{2})).dtype() == DType::Int32);
-    CHECK((i32 + kiln::tensor(2.5)).dtype() == DType::Float64);   // higher category: its dtype
+    CHECK((i32 + kiln::tensor(2.5)).dtype() == DType::Float64);  // higher category: its dtype
     CHECK((kiln::tensor(int8_t{1}) + kiln::tensor(int32_t{1})).dtype() == DType::Int32);
     CHECK((kiln::tensor(int8_t{1}) + 1000).dtype() == DType::Int8);
   }
@@ -209,7 +251,8 @@ TEST_CASE("promotion: results of public ops follow PyTorch's rules", "[elementwi
   }
 }
 
-TEST_CASE("promotion: an unevaluated fill of an integer dtype keeps its converted value", "[elementwise][promotion]") {
+TEST_CASE("promotion: an unevaluated fill of an integer dtype keeps its converted value",
+          "[elementwise][promotion]") {
   // full({3}, 2.7, int32) holds 2; promoting it to float32 in an op must give 2.0, exactly as
   // when the fill has already been evaluated (a buffer is only a cache of the node's value).
   Tensor fill = kiln::full({3}, 2.7, DType::Int32);
@@ -242,7 +285,8 @@ TEST_CASE("integers: arithmetic wraps around in two's complement", "[elementwise
   check_ints(kiln::from_vector<int32_t>({65536}) * kiln::from_vector<int32_t>({65536}), {0});
 }
 
-TEST_CASE("integers: floor_div and mod follow Python with negative operands, and x // 0 == 0", "[elementwise][integer]") {
+TEST_CASE("integers: floor_div and mod follow Python with negative operands, and x // 0 == 0",
+          "[elementwise][integer]") {
   std::vector<int64_t> a = {7, -7, 7, -7, 0, 5, -5, 6, -6};
   std::vector<int64_t> b = {2, 2, -2, -2, 3, 0, 0, 3, -3};
   std::vector<int64_t> q = {3, -4, -4, 3, 0, 0, 0, 2, 2};
@@ -316,14 +360,16 @@ TEST_CASE("floats: floor_div and mod follow Python", "[elementwise][float]") {
   }
 }
 
-TEST_CASE("integers: pow with a negative exponent is 1/a^n truncated toward zero", "[elementwise][integer]") {
+TEST_CASE("integers: pow with a negative exponent is 1/a^n truncated toward zero",
+          "[elementwise][integer]") {
   Tensor base = kiln::from_vector<int32_t>({2, -2, 1, -1, -1, 3, 5, 0});
   Tensor e = kiln::from_vector<int32_t>({-1, -1, -5, -3, -2, 0, -2, 2});
   Tensor y = kiln::pow(base, e);
   CHECK(y.dtype() == DType::Int32);
   check_ints(y, {0, 0, 1, -1, 1, 1, 0, 0});
-  check_ints(kiln::pow(kiln::from_vector<int64_t>({-2, 3, 2}), kiln::from_vector<int64_t>({3, 4, 62})),
-             {-8, 81, int64_t{1} << 62});
+  check_ints(
+      kiln::pow(kiln::from_vector<int64_t>({-2, 3, 2}), kiln::from_vector<int64_t>({3, 4, 62})),
+      {-8, 81, int64_t{1} << 62});
   check_ints(kiln::pow(kiln::from_vector<int8_t>({3}), 5), {243 - 256});  // wraps like repeated *
   check_ints(kiln::pow(2, kiln::from_vector<int64_t>({10, 64})), {1024, 0});
   CHECK(kiln::pow(base, 0.5).dtype() == DType::Float32);
@@ -338,7 +384,8 @@ TEST_CASE("round: halves go to the even neighbour", "[elementwise][float]") {
   std::vector<double> want = {0, 2, 2, -0.0, -2, -2, 2, 3, 4, -4, 1e15};
   check_values(kiln::round(kiln::from_vector<double>(x)), want);
   for (DType d : {DType::Float32, DType::Float16, DType::BFloat16}) {
-    Tensor t = kiln::round(kiln::cast(kiln::from_vector<double>({0.5, 1.5, 2.5, -0.5, -2.5, 3.5, 4.5}), d));
+    Tensor t = kiln::round(
+        kiln::cast(kiln::from_vector<double>({0.5, 1.5, 2.5, -0.5, -2.5, 3.5, 4.5}), d));
     CHECK(t.dtype() == d);
     check_values(t, {0, 2, 2, 0, -2, 4, 4});
   }
@@ -394,13 +441,16 @@ TEST_CASE("cast: truncation, saturation, NaN, bool and half rounding", "[element
     check_ints(kiln::cast(kiln::cast(f, DType::Float32), DType::Int64),
                {-2, 2, 0, 10000000000LL, -10000000000LL, 0, std::numeric_limits<int64_t>::max(),
                 std::numeric_limits<int64_t>::min()});
-    check_ints(kiln::cast(kiln::from_vector<float>({12.9f, 300.0f, -5.5f}), DType::UInt8), {12, 255, 0});
+    check_ints(kiln::cast(kiln::from_vector<float>({12.9f, 300.0f, -5.5f}), DType::UInt8),
+               {12, 255, 0});
   }
   SECTION("float to bool is x != 0 (NaN is true)") {
-    check_ints(kiln::cast(kiln::from_vector<float>({0.0f, -0.0f, 0.5f, -3.0f, NAN}), DType::Bool), {0, 0, 1, 1, 1});
+    check_ints(kiln::cast(kiln::from_vector<float>({0.0f, -0.0f, 0.5f, -3.0f, NAN}), DType::Bool),
+               {0, 0, 1, 1, 1});
   }
   SECTION("int to int wraps, int to bool tests non-zero") {
-    check_ints(kiln::cast(kiln::from_vector<int64_t>({300, -129, 128, -1}), DType::Int8), {44, 127, -128, -1});
+    check_ints(kiln::cast(kiln::from_vector<int64_t>({300, -129, 128, -1}), DType::Int8),
+               {44, 127, -128, -1});
     check_ints(kiln::cast(kiln::from_vector<int32_t>({-1, 256}), DType::UInt8), {255, 0});
     check_ints(kiln::cast(kiln::from_vector<int32_t>({0, 2, -3}), DType::Bool), {0, 1, 1});
     check_values(kiln::cast(kiln::from_vector<bool>({true, false}), DType::Float32), {1, 0});
@@ -415,22 +465,26 @@ TEST_CASE("cast: truncation, saturation, NaN, bool and half rounding", "[element
   }
   SECTION("float32 to float16 / bfloat16 rounds to nearest even") {
     float t = 1.0f + std::ldexp(1.0f, -11);  // halfway between 1 and the next half
-    check_values(kiln::cast(kiln::from_vector<float>({t, 1e-8f, 1e5f, -1e5f}), DType::Float16), {1.0, 0, kInf, -kInf});
+    check_values(kiln::cast(kiln::from_vector<float>({t, 1e-8f, 1e5f, -1e5f}), DType::Float16),
+                 {1.0, 0, kInf, -kInf});
     float bt = 1.0f + std::ldexp(1.0f, -8), bt3 = 1.0f + 3 * std::ldexp(1.0f, -8);
     check_values(kiln::cast(kiln::from_vector<float>({bt, bt3}), DType::BFloat16), {1.0, 1.015625});
   }
   SECTION("half to float is exact, casting to the same dtype is the identity") {
-    Tensor h = kiln::from_vector<kiln::Half>({kiln::Half::from_bits(0x3c01), kiln::Half::from_bits(0x0001)});
+    Tensor h = kiln::from_vector<kiln::Half>(
+        {kiln::Half::from_bits(0x3c01), kiln::Half::from_bits(0x0001)});
     check_values(kiln::cast(h, DType::Float32), {1.0 + std::ldexp(1.0, -10), std::ldexp(1.0, -24)});
     CHECK(kiln::cast(h, DType::Float16).node() == h.node());
   }
 }
 
-TEST_CASE("cast: float64 and int64 to half types round once, not through float32", "[elementwise][cast]") {
+TEST_CASE("cast: float64 and int64 to half types round once, not through float32",
+          "[elementwise][cast]") {
   // 1 + 2^-11 + 2^-40 is just above the midpoint between 1 and 1 + 2^-10: nearest is 1 + 2^-10.
   // Rounding to float32 first lands exactly on the midpoint, and ties-to-even then gives 1.
   double above_mid = 1.0 + std::ldexp(1.0, -11) + std::ldexp(1.0, -40);
-  check_values(kiln::cast(kiln::from_vector<double>({above_mid}), DType::Float16), {1.0 + std::ldexp(1.0, -10)});
+  check_values(kiln::cast(kiln::from_vector<double>({above_mid}), DType::Float16),
+               {1.0 + std::ldexp(1.0, -10)});
   // 2^24 + 2^16 + 1 is just above the bfloat16 midpoint between 2^24 and 2^24 + 2^17.
   check_values(kiln::cast(kiln::from_vector<int64_t>({(1 << 24) + (1 << 16) + 1}), DType::BFloat16),
                {double((1 << 24) + (1 << 17))});
@@ -473,7 +527,8 @@ TEST_CASE("isnan and isinf for every dtype", "[elementwise]") {
   }
 }
 
-TEST_CASE("operators: arithmetic, comparison and bitwise, scalars on either side", "[elementwise][operators]") {
+TEST_CASE("operators: arithmetic, comparison and bitwise, scalars on either side",
+          "[elementwise][operators]") {
   std::vector<float> av = random_floats(24, 31), bv = random_floats(24, 32);
   Tensor a = kiln::from_vector<float>(av, {4, 6}), b = kiln::from_vector<float>(bv, {4, 6});
   auto each = [&](auto f) {
@@ -503,7 +558,8 @@ TEST_CASE("operators: arithmetic, comparison and bitwise, scalars on either side
   check_values((a > 0) || (b > 0), each([](double x, double y) { return double(x > 0 || y > 0); }));
   CHECK((2.0f - a).dtype() == DType::Float32);
 
-  Tensor i = kiln::from_vector<int32_t>({12, -7, 0, 255}), j = kiln::from_vector<int32_t>({10, 3, -1, 15});
+  Tensor i = kiln::from_vector<int32_t>({12, -7, 0, 255}),
+         j = kiln::from_vector<int32_t>({10, 3, -1, 15});
   check_ints(i & j, {8, 1, 0, 15});
   check_ints(i | j, {14, -5, -1, 255});
   check_ints(i ^ j, {6, -6, -1, 240});
@@ -546,7 +602,8 @@ TEST_CASE("sources: full, zeros, ones and *_like", "[elementwise][sources]") {
   check_ints(v, {9, 9, 9, 9});
 }
 
-TEST_CASE("sources: arange with int and float bounds, negative steps and empty ranges", "[elementwise][sources]") {
+TEST_CASE("sources: arange with int and float bounds, negative steps and empty ranges",
+          "[elementwise][sources]") {
   Tensor r = kiln::arange(5);
   CHECK(r.dtype() == DType::Int64);
   check_ints(r, {0, 1, 2, 3, 4});
@@ -613,12 +670,15 @@ TEST_CASE("sources: from_vector round-trips every dtype", "[elementwise][sources
   round_trip<int8_t>({-128, 127, 0, -1}, {4});
   round_trip<uint8_t>({0, 255, 7, 128}, {2, 2});
   round_trip<int16_t>({-32768, 32767, 3}, {3, 1});
-  round_trip<int32_t>({std::numeric_limits<int32_t>::min(), std::numeric_limits<int32_t>::max(), -5}, {3});
-  round_trip<int64_t>({std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max(), 1}, {1, 3});
-  round_trip<kiln::Half>({kiln::Half::from_bits(0x3c00), kiln::Half::from_bits(0x7bff), kiln::Half::from_bits(0x0001),
-                          kiln::Half::from_bits(0xfc00)},
+  round_trip<int32_t>(
+      {std::numeric_limits<int32_t>::min(), std::numeric_limits<int32_t>::max(), -5}, {3});
+  round_trip<int64_t>({std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max(), 1},
+                      {1, 3});
+  round_trip<kiln::Half>({kiln::Half::from_bits(0x3c00), kiln::Half::from_bits(0x7bff),
+                          kiln::Half::from_bits(0x0001), kiln::Half::from_bits(0xfc00)},
                          {2, 2});
-  round_trip<kiln::BFloat16>({kiln::BFloat16::from_bits(0x3f80), kiln::BFloat16::from_bits(0xff7f)}, {2});
+  round_trip<kiln::BFloat16>({kiln::BFloat16::from_bits(0x3f80), kiln::BFloat16::from_bits(0xff7f)},
+                             {2});
   round_trip<float>({1.5f, -0.0f, std::numeric_limits<float>::denorm_min(), 3.4e38f}, {2, 1, 2});
   round_trip<double>({1e-300, -2.5, 1e300}, {3});
   round_trip<float>({42.0f}, {});
@@ -665,7 +725,8 @@ TEST_CASE("random: values are a pure function of (seed, offset, index)", "[eleme
     (void)kiln::rand({1000});
     std::vector<float> got = r.to_vector<float>();
     for (uint64_t i = 0; i < 4; ++i) CHECK(got[i] == kiln::uniform_float(123, 5, i));
-    std::vector<double> d = kiln::rand({3}, DType::Float64, kiln::default_generator()).to_vector<double>();
+    std::vector<double> d =
+        kiln::rand({3}, DType::Float64, kiln::default_generator()).to_vector<double>();
     for (uint64_t i = 0; i < 3; ++i) CHECK(d[i] == kiln::uniform_double(999, 1000, i));
     Tensor n = kiln::randn({3}, DType::Float64);
     std::vector<double> nv = n.to_vector<double>();
@@ -737,7 +798,8 @@ TEST_CASE("random: distribution sanity", "[elementwise][random]") {
   }
 }
 
-TEST_CASE("random: explicit generators are independent of the default one", "[elementwise][random]") {
+TEST_CASE("random: explicit generators are independent of the default one",
+          "[elementwise][random]") {
   kiln::manual_seed(5);
   uint64_t before = kiln::default_generator().offset();
   kiln::Generator g(42), g2(42), other(43);
@@ -753,6 +815,8 @@ TEST_CASE("random: explicit generators are independent of the default one", "[el
   CHECK(g.offset() == 0);
   CHECK(kiln::rand({2, 4}, DType::Float32, g).to_vector<float>() == a);
   kiln::Generator gi(9), gi2(9);
-  CHECK(kiln::randint(0, 100, {30}, gi).to_vector<int64_t>() == kiln::randint(0, 100, {30}, gi2).to_vector<int64_t>());
-  CHECK(kiln::bernoulli({30}, 0.5, gi).to_vector<int64_t>() == kiln::bernoulli({30}, 0.5, gi2).to_vector<int64_t>());
+  CHECK(kiln::randint(0, 100, {30}, gi).to_vector<int64_t>() ==
+        kiln::randint(0, 100, {30}, gi2).to_vector<int64_t>());
+  CHECK(kiln::bernoulli({30}, 0.5, gi).to_vector<int64_t>() ==
+        kiln::bernoulli({30}, 0.5, gi2).to_vector<int64_t>());
 }
