@@ -101,6 +101,9 @@ struct PlannerOptions {
   /// there), instead of choosing victims by score; the score still chooses whatever more
   /// the budget needs. Following a plan's own `chosen` reproduces it.
   const std::vector<ChosenEviction>* follow = nullptr;
+  /// Evictions the score must not choose: at its place, the listed value is passed over
+  /// (plan_step_best's search makes a plan's choices again with one of them avoided).
+  const std::vector<ChosenEviction>* avoid = nullptr;
 };
 
 /// The outcome of planning or executing a step.
@@ -152,9 +155,10 @@ StepPlan execute_step(const StepGraph& graph, const PlannerOptions& options, Ste
 /// plan_step in a few ways, keeping the feasible plan with the least recomputation (then
 /// the lower peak, then the first tried): as `options` say, with every candidate scored
 /// rather than a sample, with two other sampling seeds, with the distance counted only
-/// while the step exceeds the budget, and with distance_power 0.5 and 2. For a plan made
-/// once and reused (about eight plannings more). `*chosen` receives the options of the plan kept:
-/// execution must decide with them to follow it.
+/// while the step exceeds the budget, and with distance_power 0.5 and 2; then each
+/// eviction of the best made otherwise (PlannerOptions::avoid), within a bounded number of
+/// plannings. For a plan made once and reused. `*chosen` receives the options to execute
+/// it with, following the plan's `chosen` evictions.
 StepPlan plan_step_best(const StepGraph& graph, const PlannerOptions& options,
                         PlannerOptions* chosen);
 

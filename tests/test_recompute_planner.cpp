@@ -794,6 +794,41 @@ TEST_CASE("planner evicts the value with the lowest rebuild cost per byte and di
     CHECK(evicted(0.0) == m.a3);
     CHECK(evicted(2.0) == m.a1);
   }
+  SECTION("an avoided eviction goes to the next best score there") {
+    // Costs 3, 1.2, 1 at k5: a1 3/400 = 0.0075, a2 1.2/300 = 0.004, a3 1/200 = 0.005. The
+    // score takes a2; with that eviction avoided, a3.
+    Mlp m(3.0, 1.2);
+    const StepGraph& g = m.b.g;
+    PlannerOptions o;
+    o.budget = 409;
+    const StepPlan p = plan_step(g, o);
+    REQUIRE(p.feasible);
+    REQUIRE(p.chosen.size() == 1);
+    CHECK(p.chosen[0].value == m.a2);
+    CHECK(p.chosen[0].at == 5);
+    o.avoid = &p.chosen;
+    const StepPlan other = plan_step(g, o);
+    REQUIRE(other.feasible);
+    REQUIRE(replay(g, other, 409).error == "");
+    REQUIRE_FALSE(other.chosen.empty());
+    CHECK(other.chosen[0].value == m.a3);
+    CHECK(other.chosen[0].at == 5);
+  }
+  SECTION("plan_step_best's search finds the cheaper plan the greedy misses") {
+    // Mlp(3, 2) at 409 (the work floor's case below): the greedy pays 4, the best plan 2
+    // (a2 rebuilt from a1), which the search reaches by passing over the greedy's first
+    // victim.
+    Mlp m(3.0, 2.0);
+    const StepGraph& g = m.b.g;
+    PlannerOptions o;
+    o.budget = 409;
+    CHECK(plan_step(g, o).extra_cost == Approx(4.0));
+    PlannerOptions chosen;
+    const StepPlan best = plan_step_best(g, o, &chosen);
+    REQUIRE(best.feasible);
+    REQUIRE(replay(g, best, 409).error == "");
+    CHECK(best.extra_cost == Approx(2.0));
+  }
   SECTION("a non-recomputable producer's output is never evicted") {
     Mlp m(1.0, 1.2);
     m.b.producer_of(m.a1).recomputable = false;  // a1 would be the choice, as above
@@ -1820,6 +1855,8 @@ void for_budgeted_steps(uint64_t seed, int lo, int hi, int graphs,
 
 TEST_CASE("planner plan_step_best never recomputes more, and its options reproduce its plan",
           "[planner]") {
+  // Reproduced as execution runs it: with the chosen options, following the plan's
+  // evictions (its search of other evictions changes choices the options alone would not).
   int compared = 0, better = 0;
   double default_cost = 0, best_cost = 0;
   // Long enough that more than the 32 sampled candidates are resident at once.
@@ -1840,7 +1877,9 @@ TEST_CASE("planner plan_step_best never recomputes more, and its options reprodu
     }
     if (!best.feasible) return;
     CHECK(chosen.budget == budget);
-    const StepPlan again = plan_step(g, chosen);
+    PlannerOptions replay = chosen;
+    replay.follow = &best.chosen;
+    const StepPlan again = plan_step(g, replay);
     CHECK(again.feasible);
     CHECK(render(again.actions) == render(best.actions));
     CHECK(best.peak <= budget);
