@@ -757,8 +757,12 @@ void run_with_memory_plan(const FusionPlan& plan, const std::unordered_set<Node*
       simulated = fit->plan;
       policy = fit->policy;
     } else {
-      simulated = settled ? memory::plan_step_best(t.graph, planned, &policy)
-                          : memory::plan_step(t.graph, planned);
+      if (settled) {
+        simulated = memory::plan_step_best(t.graph, planned, &policy);
+        simulated = memory::search_evictions(t.graph, std::move(simulated), policy);
+      } else {
+        simulated = memory::plan_step(t.graph, planned);
+      }
     }
     if (!simulated.feasible) {
       // Near the floor an order chosen with earlier costs may no longer fit with today's

@@ -113,9 +113,48 @@ bool preferred(const ArenaFit& a, const ArenaFit& b) {
 
 }  // namespace
 
+namespace {
+
+// The fit's plan searched for other evictions (search_evictions), kept when it needs less
+// and its arena holds the reserve wherever the fit's did: searching before the fit moved
+// plans whose arena held to ones whose arena did not.
+ArenaFit searched(const StepGraph& graph, ArenaFit fit, const std::vector<size_t>& bytes,
+                  const PoolReserve& pool) {
+  if (!fit.plan.feasible) return fit;
+  PlannerOptions at = fit.policy;
+  at.budget = fit.planned_for;
+  StepPlan plan = search_evictions(graph, fit.plan, at);
+  if (plan.extra_cost >= fit.plan.extra_cost) return fit;
+  ArenaPlan arena = plan_arena(graph, plan.actions, bytes, true);
+  const size_t reserved = pool.reserved(arena);
+  const bool holds = reserved <= fit.policy.budget;
+  if (fit.holds && !holds) return fit;
+  fit.plan = std::move(plan);
+  fit.arena = std::move(arena);
+  fit.reserved = reserved;
+  fit.holds = holds;
+  return fit;
+}
+
+ArenaFit fit_once(const StepGraph& graph, const PlannerOptions& options,
+                  const std::vector<size_t>& bytes, bool thorough, double work_limit,
+                  const PoolReserve& pool);
+
+}  // namespace
+
 ArenaFit fit_to_budget(const StepGraph& graph, const PlannerOptions& options,
                        const std::vector<size_t>& bytes, bool thorough, double work_limit,
                        const PoolReserve& pool) {
+  ArenaFit fit = fit_once(graph, options, bytes, thorough, work_limit, pool);
+  return thorough ? searched(graph, std::move(fit), bytes, pool) : fit;
+}
+
+namespace {
+
+// fit_to_budget before the search of other evictions.
+ArenaFit fit_once(const StepGraph& graph, const PlannerOptions& options,
+                  const std::vector<size_t>& bytes, bool thorough, double work_limit,
+                  const PoolReserve& pool) {
   const size_t budget = options.budget;
   // The search plans with the given options (a budget it cannot hold is planned up to the
   // rebuild cap, which takes longest); the plan kept is then made thoroughly.
@@ -199,5 +238,7 @@ ArenaFit fit_to_budget(const StepGraph& graph, const PlannerOptions& options,
   best->reserve_cost = whole.reserve_cost;
   return std::move(*best);
 }
+
+}  // namespace
 
 }  // namespace kiln::memory

@@ -645,16 +645,19 @@ StepPlan plan_step_best(const StepGraph& graph, const PlannerOptions& options,
       *chosen = o;
     }
   }
+  return best;
+}
+
+StepPlan search_evictions(const StepGraph& graph, StepPlan best, const PlannerOptions& options) {
   if (!best.feasible || options.budget == 0 || options.follow || options.avoid) return best;
-  // Each eviction of the best plan made otherwise: the same choices up to it, that victim
-  // passed over there, the score's choices after it (a search of one discrepancy). A
-  // plan that needs less is kept and searched on from the same eviction. On the benchmark
+  // Each eviction of the plan made otherwise: the same choices up to it, that victim passed
+  // over there, the score's choices after it (a search of one discrepancy). A plan that
+  // needs less is kept and searched on from the same eviction. On the benchmark
   // Transformer at a fifth of its releasable bytes it took the extra work from 22.6% to
-  // 20.8% (the floor: 14.6%) in 168 plannings, 77 ms; the same at a third and the MLP's
-  // found nothing. The plannings are bounded by the actions they take, so the LSTM's
-  // (about 20,000 actions each) get a few.
+  // 20.8% (the floor: 14.6%) in 168 plannings, 77 ms; at a third, and on the MLP, it found
+  // nothing. The plannings are bounded by the actions they take, so the LSTM's (about
+  // 20,000 actions each) get a few.
   size_t work = 0;
-  const PlannerOptions tried = *chosen;
   bool improved = true;
   for (int round = 0; improved && round < kSearchRounds; ++round) {
     improved = false;
@@ -662,7 +665,7 @@ StepPlan plan_step_best(const StepGraph& graph, const PlannerOptions& options,
       const std::vector<ChosenEviction> before(
           best.chosen.begin(), best.chosen.begin() + static_cast<std::ptrdiff_t>(i));
       const std::vector<ChosenEviction> avoid{best.chosen[i]};
-      PlannerOptions o = tried;
+      PlannerOptions o = options;
       o.follow = &before;
       o.avoid = &avoid;
       StepPlan p = plan_step(graph, o);
@@ -673,8 +676,6 @@ StepPlan plan_step_best(const StepGraph& graph, const PlannerOptions& options,
       }
     }
   }
-  // Execution follows best.chosen (the evictions where they were made) with the options of
-  // the plan the search started from.
   return best;
 }
 

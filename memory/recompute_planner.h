@@ -155,12 +155,17 @@ StepPlan execute_step(const StepGraph& graph, const PlannerOptions& options, Ste
 /// plan_step in a few ways, keeping the feasible plan with the least recomputation (then
 /// the lower peak, then the first tried): as `options` say, with every candidate scored
 /// rather than a sample, with two other sampling seeds, with the distance counted only
-/// while the step exceeds the budget, and with distance_power 0.5 and 2; then each
-/// eviction of the best made otherwise (PlannerOptions::avoid), within a bounded number of
-/// plannings. For a plan made once and reused. `*chosen` receives the options to execute
-/// it with, following the plan's `chosen` evictions.
+/// while the step exceeds the budget, and with distance_power 0.5 and 2. For a plan made
+/// once and reused (about eight plannings more). `*chosen` receives the options of the plan
+/// kept: execution must decide with them to follow it.
 StepPlan plan_step_best(const StepGraph& graph, const PlannerOptions& options,
                         PlannerOptions* chosen);
+
+/// `plan` (made with `options`) with each of its evictions made otherwise in turn
+/// (PlannerOptions::avoid; the choices before it followed, the score's after it), keeping
+/// whatever needs less recomputation, within a bounded number of plannings. Never more
+/// recomputation than `plan`; execute the result following its `chosen` evictions.
+StepPlan search_evictions(const StepGraph& graph, StepPlan plan, const PlannerOptions& options);
 
 /// plan_step under `options.budget`, or where the greedy gives up there, under the first of
 /// 15 tighter budgets (evenly down to the lower bound) where it does not: near the floor the

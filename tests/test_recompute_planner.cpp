@@ -55,6 +55,7 @@ using kiln::memory::reorder;
 using kiln::memory::save_step_graph;
 using kiln::memory::schedule_order;
 using kiln::memory::ScheduleOrder;
+using kiln::memory::search_evictions;
 using kiln::memory::smallest_feasible_budget;
 using kiln::memory::StepGraph;
 using kiln::memory::StepGraphFile;
@@ -814,17 +815,19 @@ TEST_CASE("planner evicts the value with the lowest rebuild cost per byte and di
     CHECK(other.chosen[0].value == m.a3);
     CHECK(other.chosen[0].at == 5);
   }
-  SECTION("plan_step_best's search finds the cheaper plan the greedy misses") {
-    // Mlp(3, 2) at 409 (the work floor's case below): the greedy pays 4, the best plan 2
-    // (a2 rebuilt from a1), which the search reaches by passing over the greedy's first
-    // victim.
+  SECTION("the search of other evictions finds the cheaper plan the greedy misses") {
+    // Mlp(3, 2) at 409 (the work floor's case below): the greedy pays 4 and plan_step_best
+    // 3, the best plan 2 (a2 rebuilt from a1), which the search reaches by passing over
+    // a victim.
     Mlp m(3.0, 2.0);
     const StepGraph& g = m.b.g;
     PlannerOptions o;
     o.budget = 409;
     CHECK(plan_step(g, o).extra_cost == Approx(4.0));
     PlannerOptions chosen;
-    const StepPlan best = plan_step_best(g, o, &chosen);
+    const StepPlan first = plan_step_best(g, o, &chosen);
+    CHECK(first.extra_cost == Approx(3.0));
+    const StepPlan best = search_evictions(g, first, chosen);
     REQUIRE(best.feasible);
     REQUIRE(replay(g, best, 409).error == "");
     CHECK(best.extra_cost == Approx(2.0));
