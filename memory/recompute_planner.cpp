@@ -15,7 +15,7 @@ constexpr double kUnrebuildable = std::numeric_limits<double>::infinity();
 // plan_step_best scores every candidate only on steps up to this many kernels (an LSTM
 // step's ~3,300 take 25-50 ms so).
 constexpr size_t kScoreAllKernels = 10000;
-// plan_step_best's search of other evictions: at most this many passes over the plan's
+// search_evictions: at most this many passes over the plan's
 // evictions, and plannings until they have taken this many actions in all.
 constexpr int kSearchRounds = 2;
 constexpr size_t kSearchActions = 400000;

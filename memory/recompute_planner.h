@@ -102,7 +102,7 @@ struct PlannerOptions {
   /// the budget needs. Following a plan's own `chosen` reproduces it.
   const std::vector<ChosenEviction>* follow = nullptr;
   /// Evictions the score must not choose: at its place, the listed value is passed over
-  /// (plan_step_best's search makes a plan's choices again with one of them avoided).
+  /// (search_evictions makes a plan's choices again with one of them avoided).
   const std::vector<ChosenEviction>* avoid = nullptr;
 };
 
