@@ -111,10 +111,6 @@ bool preferred(const ArenaFit& a, const ArenaFit& b) {
   return a.plan.peak >= b.plan.peak;
 }
 
-}  // namespace
-
-namespace {
-
 // The fit's plan searched for other evictions (search_evictions), kept when it needs less
 // and its arena holds the reserve wherever the fit's did: searching before the fit moved
 // plans whose arena held to ones whose arena did not.
@@ -135,21 +131,6 @@ ArenaFit searched(const StepGraph& graph, ArenaFit fit, const std::vector<size_t
   fit.holds = holds;
   return fit;
 }
-
-ArenaFit fit_once(const StepGraph& graph, const PlannerOptions& options,
-                  const std::vector<size_t>& bytes, bool thorough, double work_limit,
-                  const PoolReserve& pool);
-
-}  // namespace
-
-ArenaFit fit_to_budget(const StepGraph& graph, const PlannerOptions& options,
-                       const std::vector<size_t>& bytes, bool thorough, double work_limit,
-                       const PoolReserve& pool) {
-  ArenaFit fit = fit_once(graph, options, bytes, thorough, work_limit, pool);
-  return thorough ? searched(graph, std::move(fit), bytes, pool) : fit;
-}
-
-namespace {
 
 // fit_to_budget before the search of other evictions.
 ArenaFit fit_once(const StepGraph& graph, const PlannerOptions& options,
@@ -240,5 +221,12 @@ ArenaFit fit_once(const StepGraph& graph, const PlannerOptions& options,
 }
 
 }  // namespace
+
+ArenaFit fit_to_budget(const StepGraph& graph, const PlannerOptions& options,
+                       const std::vector<size_t>& bytes, bool thorough, double work_limit,
+                       const PoolReserve& pool) {
+  ArenaFit fit = fit_once(graph, options, bytes, thorough, work_limit, pool);
+  return thorough ? searched(graph, std::move(fit), bytes, pool) : fit;
+}
 
 }  // namespace kiln::memory
