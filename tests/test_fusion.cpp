@@ -223,6 +223,21 @@ TEST_CASE("rows of random draws take four elements per Philox block", "[fusion][
     Generator g(8);
     return rand({3, 100003}, DType::Float32, g) * 3.0f;
   });
+  // Rows that start before the draw does (a draw padded or concatenated on the left): the
+  // first row's words start at a negative index, which lanes outside the draw never read.
+  // Blocks counted from it unsigned came out empty, and the row read uninitialized words.
+  for (int64_t before : {1, 2, 3, 5, 258}) {
+    INFO("padded by " << before);
+    exact([&] {
+      Generator g(11);
+      return pad(rand({6, 37}, DType::Float32, g), {{0, 0}, {before, 2}}) < 0.5f;
+    });
+    exact([&] {
+      Generator g(12);
+      Tensor r = rand({4, 300}, DType::Float32, g);
+      return concat({full({4, before}, 7.0f), r * 2.0f, r}, 1);
+    });
+  }
 
   auto printed = [](const Tensor& y) {
     std::vector<Node*> outs{y.node().get()};
