@@ -94,7 +94,7 @@ ArenaFit keep_in_gaps(const StepGraph& graph, ArenaFit fit, const std::vector<si
       offsets_for(graph, fit.plan.actions, fit.arena, kept.actions);
   ArenaPlan arena = plan_arena(graph, kept.actions, bytes, thorough, &hint);
   if (pool.reserved(arena) > fit.policy.budget) return fit;
-  fit.kept_in_gaps = fit.plan.chosen.size() - needed.size();
+  fit.kept_in_gaps += fit.plan.chosen.size() - needed.size();
   fit.plan = std::move(kept);
   fit.arena = std::move(arena);
   fit.reserved = pool.reserved(fit.arena);
@@ -129,7 +129,8 @@ ArenaFit searched(const StepGraph& graph, ArenaFit fit, const std::vector<size_t
   fit.arena = std::move(arena);
   fit.reserved = reserved;
   fit.holds = holds;
-  return fit;
+  // The searched plan evicts other values, so other ones may fit in its arena's gaps.
+  return keep_in_gaps(graph, std::move(fit), bytes, true, pool);
 }
 
 // fit_to_budget before the search of other evictions.

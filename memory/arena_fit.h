@@ -38,13 +38,15 @@ struct PoolReserve {
 
 /// A budgeted plan with its arena placement.
 struct ArenaFit {
-  StepPlan plan;            ///< What to run; execute it following plan.chosen.
-  ArenaPlan arena;          ///< Where its values go.
-  PlannerOptions policy;    ///< How victims were chosen (sampling, seed), budget as asked.
-  size_t planned_for = 0;   ///< The budget of allocated bytes the plan was made for.
-  size_t reserved = 0;      ///< PoolReserve::reserved of the arena.
-  bool holds = false;       ///< reserved <= the budget.
-  size_t kept_in_gaps = 0;  ///< Evictions dropped because the value could stay in place.
+  StepPlan plan;           ///< What to run; execute it following plan.chosen.
+  ArenaPlan arena;         ///< Where its values go.
+  PlannerOptions policy;   ///< How victims were chosen (sampling, seed), budget as asked.
+  size_t planned_for = 0;  ///< The budget of allocated bytes the plan was made for.
+  size_t reserved = 0;     ///< PoolReserve::reserved of the arena.
+  bool holds = false;      ///< reserved <= the budget.
+  /// Evictions dropped because the value could stay in place: in the fitted plan's arena,
+  /// then in the searched plan's.
+  size_t kept_in_gaps = 0;
   /// Recomputation a plan that holds the reserve adds to the plan for the whole budget (the
   /// step's estimated seconds; 0 when none was found or none was needed).
   double reserve_cost = 0;
