@@ -9,6 +9,7 @@
 
 #include "../core/tensor.h"
 #include "kernel_ir.h"
+#include "printer_common.h"
 
 namespace kiln::jit {
 namespace {
@@ -133,6 +134,48 @@ class Lowerer {
       default:
         return {0, 0, false};
     }
+  }
+
+  // An input dim whose distinct values give distinct values of the output index `m`,
+  // whatever the other dims are, or -1: m is c*v + rest with rest free of v and spanning
+  // less than |c| over the dims' ranges (the gradient of attention's head split writes
+  // [b*S + s, off + h*D + d]). Threads that take different values of v then write
+  // different outputs, each output's terms stay in one thread in loop order, and the
+  // scatter runs in parallel with the bits of a sequential one. Of several, the longest.
+  int separating_dim(const IndexExpr& m, const std::vector<Interval>& ranges) {
+    if (m.has_load()) return -1;
+    std::vector<IndexExpr> terms;
+    std::function<void(const IndexExpr&)> split = [&](const IndexExpr& e) {
+      if (e.kind() != IndexExpr::Kind::Add) return terms.push_back(e);
+      for (const IndexExpr& a : e.args()) split(a);
+    };
+    split(m);
+    int best = -1;
+    for (size_t t = 0; t < terms.size(); ++t) {
+      int64_t v = -1, c = 0;
+      const IndexExpr& term = terms[t];
+      if (term.kind() == IndexExpr::Kind::Var) {
+        v = term.value(), c = 1;
+      } else if (term.kind() == IndexExpr::Kind::Mul && term.args().size() == 2) {
+        const IndexExpr &a = term.args()[0], &b = term.args()[1];
+        if (a.kind() == IndexExpr::Kind::Var && b.is_const()) v = a.value(), c = b.value();
+        if (b.kind() == IndexExpr::Kind::Var && a.is_const()) v = b.value(), c = a.value();
+      }
+      if (v < 0 || c == 0) continue;
+      int64_t span = 0;
+      bool separates = true;
+      for (size_t u = 0; u < terms.size() && separates; ++u) {
+        if (u == t) continue;
+        const Interval b = bound(terms[u], ranges);
+        separates = b.known && !printing::mentions_var(terms[u], static_cast<int>(v));
+        span += b.hi - b.lo;
+      }
+      const auto dim = static_cast<size_t>(v);
+      if (separates && span < std::abs(c) &&
+          (best < 0 || ranges[dim].hi > ranges[static_cast<size_t>(best)].hi))
+        best = static_cast<int>(v);
+    }
+    return best;
   }
 
   // --- values ---
@@ -384,6 +427,12 @@ LoweredKernel Lowerer::run() {
       parallel_dim = static_cast<size_t>(m.value());
       ir.parallel_var = position[parallel_dim];
     }
+  }
+  for (size_t d = 0; d < root->index_map.size() && ir.parallel_var < 0; ++d) {
+    const int v = separating_dim(root->index_map[d], ranges);
+    if (v < 0 || x->shape[static_cast<size_t>(v)] < 2) continue;
+    parallel_dim = static_cast<size_t>(v);
+    ir.parallel_var = position[parallel_dim];
   }
   ir.store_index = store;
   if (!store_bounds.empty()) {

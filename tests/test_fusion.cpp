@@ -307,6 +307,59 @@ TEST_CASE("a sum into a transposed output writes consecutive outputs innermost",
   CHECK(lowered.parallel_extent == n);
 }
 
+TEST_CASE("a scatter whose rows belong to one batch index runs in parallel", "[fusion]") {
+  // The gradient of attention's head split writes x[b, s, h, d] to [b*S + s, off + h*D + d]:
+  // no output dim takes one input dim alone, but distinct b write distinct rows, so the
+  // kernel splits b between threads. Here each output row also takes two s (s // 2), so each
+  // output adds two terms, in s order, in double: the result is that sum exactly.
+  using E = IndexExpr;
+  Generator g(24);
+  const int64_t b = 9, s = 10, h = 3, d = 4, off = 3;
+  Tensor x = ready(randn({b, s, h, d}, DType::Float32, g));
+  const int64_t rows = b * (s / 2), cols = off + h * d + 2;
+  const std::vector<IndexExpr> split = {
+      E::var(0) * E::constant(s / 2) + floordiv(E::var(1), E::constant(2)),
+      E::constant(off) + E::var(2) * E::constant(d) + E::var(3)};
+  auto build = [&] { return reindex_reduce(x * 2.0f, ReduceOp::Sum, {rows, cols}, split); };
+  check_against_reference(build);
+  JitScope jit;
+  const std::vector<float> got = build().to_vector<float>();
+  const std::vector<float> xs = x.to_vector<float>();
+  std::vector<double> want(static_cast<size_t>(rows * cols), 0.0);
+  for (int64_t i = 0; i < b * s * h * d; ++i) {
+    const int64_t i3 = i % d, i2 = i / d % h, i1 = i / (d * h) % s, i0 = i / (d * h * s);
+    const int64_t at = (i0 * (s / 2) + i1 / 2) * cols + off + i2 * d + i3;
+    want[static_cast<size_t>(at)] += static_cast<double>(xs[static_cast<size_t>(i)] * 2.0f);
+  }
+  REQUIRE(got.size() == want.size());
+  size_t exact = 0;
+  for (size_t i = 0; i < got.size(); ++i) exact += got[i] == static_cast<float>(want[i]);
+  CHECK(exact == got.size());
+
+  auto lowered = [&](const std::vector<IndexExpr>& map, const Shape& shape) {
+    Tensor y = reindex_reduce(x * 2.0f, ReduceOp::Sum, shape, map);
+    std::vector<Node*> outs{y.node().get()};
+    jit::FusionPlan plan = jit::fuse(pending_subgraph(outs), {outs[0]});
+    REQUIRE(plan.groups.size() == 1);
+    return jit::lower(plan.groups[0]);
+  };
+  const jit::LoweredKernel parallel = lowered(split, {rows, cols});
+  REQUIRE(parallel.ir.kind == jit::KernelIR::Kind::Scatter);
+  CHECK(parallel.parallel_extent == b);
+  // b*2 + s overlaps between neighbouring b, h + d between neighbouring h and d: one
+  // thread. (h*D + d alone would split h.)
+  const std::vector<IndexExpr> overlapping = {E::var(0) * E::constant(2) + E::var(1),
+                                              E::var(2) + E::var(3)};
+  const Shape shape = {2 * b + s, h + d};
+  const jit::LoweredKernel serial = lowered(overlapping, shape);
+  REQUIRE(serial.ir.kind == jit::KernelIR::Kind::Scatter);
+  CHECK(serial.ir.parallel_var == -1);
+  const jit::LoweredKernel by_h = lowered({overlapping[0], split[1]}, {2 * b + s, cols});
+  CHECK(by_h.parallel_extent == h);
+  check_against_reference(
+      [&] { return reindex_reduce(x * 2.0f, ReduceOp::Sum, shape, overlapping); });
+}
+
 TEST_CASE("float32 matmul runs as a library GEMM", "[fusion][matmul]") {
   Generator g(15);
   Tensor a = ready(randn({2, 17, 9}, DType::Float32, g));
