@@ -130,6 +130,27 @@ void run_whole_reduction(const LoweredKernel& lk, KernelFn fn, std::vector<char*
   }
 }
 
+// Sets elements [b, e) of `data` (elements of `size` bytes) to the element stored at the
+// start of `bits`.
+void fill_elements(void* data, size_t size, uint64_t bits, int64_t b, int64_t e) {
+  auto fill = [&](auto* p) {
+    using T = std::remove_pointer_t<decltype(p)>;
+    T v;
+    std::memcpy(&v, &bits, sizeof v);
+    std::fill(p + b, p + e, v);
+  };
+  switch (size) {
+    case 1:
+      return fill(static_cast<uint8_t*>(data));
+    case 2:
+      return fill(static_cast<uint16_t*>(data));
+    case 4:
+      return fill(static_cast<uint32_t*>(data));
+    default:
+      return fill(static_cast<uint64_t*>(data));
+  }
+}
+
 template <typename Acc>
 void run_scatter(const LoweredKernel& lk, KernelFn fn, std::vector<char*>& bufs, Node& root) {
   const auto n = static_cast<int64_t>(root.numel());
@@ -138,11 +159,27 @@ void run_scatter(const LoweredKernel& lk, KernelFn fn, std::vector<char*>& bufs,
   // converted at the end.
   constexpr bool kInPlaceCapable = std::is_same_v<Acc, double>;
   const bool in_place = kInPlaceCapable && root.dtype == DType::Float64;
-  std::vector<Acc> acc(in_place ? 0 : static_cast<size_t>(n));
-  Acc* target = in_place ? reinterpret_cast<Acc*>(root.buffer->data()) : acc.data();
-  thread_pool().parallel_for(
-      n, kGrain, [&](int64_t b, int64_t e) { std::fill(target + b, target + e, identity); });
-  bufs[0] = reinterpret_cast<char*>(target);
+  // A one-to-one scatter stores each output once, converted by the kernel: the output
+  // starts as the identity, converted as an untouched accumulator would be.
+  const bool direct = lk.ir.injective || in_place;
+  std::vector<Acc> acc(direct ? 0 : static_cast<size_t>(n));
+  void* out = root.buffer->data();
+  if (direct) {
+    uint64_t bits = 0;  // the identity as one element of the output's dtype
+    if constexpr (std::is_floating_point_v<Acc>)
+      kiln::detail::store_double(&bits, root.dtype, 0, identity);
+    else
+      kiln::detail::store_int64(&bits, root.dtype, 0, identity);
+    thread_pool().parallel_for(n, kGrain, [&](int64_t b, int64_t e) {
+      fill_elements(out, itemsize(root.dtype), bits, b, e);
+    });
+    bufs[0] = static_cast<char*>(out);
+  } else {
+    thread_pool().parallel_for(n, kGrain, [&](int64_t b, int64_t e) {
+      std::fill(acc.data() + b, acc.data() + e, identity);
+    });
+    bufs[0] = reinterpret_cast<char*>(acc.data());
+  }
   const int64_t* params = lk.params.data();
   bool any = true;
   for (int64_t s : root.inputs[0]->shape) any = any && s > 0;
@@ -154,8 +191,7 @@ void run_scatter(const LoweredKernel& lk, KernelFn fn, std::vector<char*>& bufs,
       fn(bufs.data(), params, 0, 1, 0);
     }
   }
-  if (in_place) return;
-  void* out = root.buffer->data();
+  if (direct) return;
   thread_pool().parallel_for(n, kGrain, [&](int64_t b, int64_t e) {
     if constexpr (std::is_floating_point_v<Acc>) {
       if (root.dtype == DType::Float32) {

@@ -57,6 +57,10 @@ struct KernelIR {
   int kept = 0;
   /// Scatter: the domain var split across threads (its range is [begin, end)), or -1: serial.
   int parallel_var = -1;
+  /// Scatter: no two domain points store to the same output, so the CPU kernel writes
+  /// combine(identity, value) in the output's dtype straight into the output (filled with
+  /// the identity first) instead of accumulating in a float64/int64 array.
+  bool injective = false;
   /// Input buffers (slot 1.. in the kernel's buffer array; slot 0 is the output).
   std::vector<DType> inputs;
   DType out_dtype = DType::Float32;

@@ -136,21 +136,23 @@ class Lowerer {
     }
   }
 
-  // An input dim whose distinct values give distinct values of the output index `m`,
-  // whatever the other dims are, or -1: m is c*v + rest with rest free of v and spanning
-  // less than |c| over the dims' ranges (the gradient of attention's head split writes
-  // [b*S + s, off + h*D + d]). Threads that take different values of v then write
-  // different outputs, each output's terms stay in one thread in loop order, and the
-  // scatter runs in parallel with the bits of a sequential one. Of several, the longest.
-  int separating_dim(const IndexExpr& m, const std::vector<Interval>& ranges) {
-    if (m.has_load()) return -1;
+  // The terms of a sum: a + (b + c) -> {a, b, c}.
+  static std::vector<IndexExpr> sum_terms(const IndexExpr& e) {
+    if (e.kind() != IndexExpr::Kind::Add) return {e};
     std::vector<IndexExpr> terms;
-    std::function<void(const IndexExpr&)> split = [&](const IndexExpr& e) {
-      if (e.kind() != IndexExpr::Kind::Add) return terms.push_back(e);
-      for (const IndexExpr& a : e.args()) split(a);
-    };
-    split(m);
-    int best = -1;
+    for (const IndexExpr& a : e.args()) {
+      std::vector<IndexExpr> more = sum_terms(a);
+      terms.insert(terms.end(), more.begin(), more.end());
+    }
+    return terms;
+  }
+
+  // Of the terms of a sum, one c*v whose var's distinct values give distinct sums whatever
+  // the other vars are: the other terms are free of v and span less than |c| over
+  // `ranges`. Returns {term, var}, the longest var of several, or {-1, -1}.
+  std::pair<int, int> separating_term(const std::vector<IndexExpr>& terms,
+                                      const std::vector<Interval>& ranges) {
+    std::pair<int, int> best = {-1, -1};
     for (size_t t = 0; t < terms.size(); ++t) {
       int64_t v = -1, c = 0;
       const IndexExpr& term = terms[t];
@@ -172,10 +174,43 @@ class Lowerer {
       }
       const auto dim = static_cast<size_t>(v);
       if (separates && span < std::abs(c) &&
-          (best < 0 || ranges[dim].hi > ranges[static_cast<size_t>(best)].hi))
-        best = static_cast<int>(v);
+          (best.second < 0 || ranges[dim].hi > ranges[static_cast<size_t>(best.second)].hi))
+        best = {static_cast<int>(t), static_cast<int>(v)};
     }
     return best;
+  }
+
+  // An input dim whose distinct values give distinct values of the output index `m`, or -1
+  // (the gradient of attention's head split writes [b*S + s, off + h*D + d]: b). Threads
+  // that take different values of it write different outputs, each output's terms stay
+  // in one thread in loop order, and the scatter runs in parallel with the bits of a
+  // sequential one.
+  int separating_dim(const IndexExpr& m, const std::vector<Interval>& ranges) {
+    if (m.has_load()) return -1;
+    return separating_term(sum_terms(m), ranges).second;
+  }
+
+  // True when no two points of the domain store to the same output: peeling separating
+  // terms off the output's index expressions (a var once peeled is known, its terms fixed)
+  // determines every input dim longer than one. For the head split's gradient, b and then
+  // s from the row, h and then d from the column.
+  bool one_to_one(const std::vector<IndexExpr>& map, std::vector<Interval> ranges) {
+    std::vector<std::vector<IndexExpr>> sums;
+    for (const IndexExpr& m : map)
+      if (!m.has_load()) sums.push_back(sum_terms(m));
+    for (bool progress = true; progress;) {
+      progress = false;
+      for (std::vector<IndexExpr>& terms : sums) {
+        const auto [t, v] = separating_term(terms, ranges);
+        if (t < 0) continue;
+        terms.erase(terms.begin() + t);
+        ranges[static_cast<size_t>(v)] = {0, 0, true};  // known: its terms are constants
+        progress = true;
+      }
+    }
+    for (const Interval& r : ranges)
+      if (r.hi > r.lo) return false;
+    return true;
   }
 
   // --- values ---
@@ -434,6 +469,7 @@ LoweredKernel Lowerer::run() {
     parallel_dim = static_cast<size_t>(v);
     ir.parallel_var = position[parallel_dim];
   }
+  ir.injective = one_to_one(root->index_map, ranges);
   ir.store_index = store;
   if (!store_bounds.empty()) {
     IrValue g;
@@ -500,7 +536,7 @@ uint64_t KernelIR::structure_hash() const {
   mix(static_cast<uint64_t>(kind));
   for (const IndexExpr& d : dims) mix(d.hash());
   mix(static_cast<uint64_t>(kept));
-  mix(static_cast<uint64_t>(parallel_var + 1));
+  mix(static_cast<uint64_t>(parallel_var + 1) << 1 | static_cast<uint64_t>(injective));
   for (DType t : inputs) mix(static_cast<uint64_t>(t));
   mix(static_cast<uint64_t>(out_dtype));
   for (const IrValue& v : values) {
@@ -536,6 +572,7 @@ std::string KernelIR::dump() const {
   if (kind == Kind::Scatter) {
     s += " " + std::string(reduce_name(reduce)) + " into out[" + store_index.str() + "]";
     if (parallel_var >= 0) s += " parallel over i" + std::to_string(parallel_var);
+    if (injective) s += " one-to-one";
   }
   s += " -> " + std::string(dtype_name(out_dtype)) + "\n  ops: ";
   for (size_t k = 0; k < source_ops.size(); ++k) s += (k ? ", " : "") + source_ops[k];

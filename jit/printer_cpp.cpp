@@ -219,7 +219,9 @@ PrintedKernel print_cpp(const KernelIR& ir) {
   const size_t n_in = ir.inputs.size();
   const int rank = static_cast<int>(ir.dims.size());
   std::string acc_t = accumulator_type(ir);
-  std::string out_t = ir.kind == KernelIR::Kind::Scatter ? acc_t : storage_type(ir.out_dtype);
+  // A scatter adds into an accumulator array, unless no two points share an output.
+  const bool accumulates = ir.kind == KernelIR::Kind::Scatter && !ir.injective;
+  std::string out_t = accumulates ? acc_t : storage_type(ir.out_dtype);
 
   std::string head = "// kiln kernel: " +
                      std::string(ir.kind == KernelIR::Kind::Map           ? "map"
@@ -401,8 +403,20 @@ PrintedKernel print_cpp(const KernelIR& ir) {
     s += p.body;
     if (ir.store_guard >= 0) s += "      if (!v" + std::to_string(ir.store_guard) + ") continue;\n";
     std::string at = "out[" + index_str(ir.store_index) + "]";
-    s += "      " + at + " = " +
-         combine(ir.reduce, at, "(" + acc_t + ")v" + std::to_string(ir.result)) + ";\n";
+    const std::string x = "(" + acc_t + ")v" + std::to_string(ir.result);
+    if (ir.injective) {
+      // What the accumulator path stores for an output with one term: the identity
+      // combined with it, in the accumulator's type, converted as the executor converts.
+      const std::string one =
+          "(" +
+          combine(ir.reduce,
+                  "(" + acc_t + ")" + identity_literal(kCppDialect, ir.reduce, ir.out_dtype), x) +
+          ")";
+      const bool half = ir.out_dtype == DType::Float16 || ir.out_dtype == DType::BFloat16;
+      s += "      " + at + " = " + store_expr(ir.out_dtype, half ? "odd_f" + one : one) + ";\n";
+    } else {
+      s += "      " + at + " = " + combine(ir.reduce, at, x) + ";\n";
+    }
     for (int k = rank - 1; k >= 0; --k) s += std::string(2 * k + 2, ' ') + "}\n";
     if (rank == 0) s += "  } while (0);\n";
     body = s;

@@ -360,6 +360,71 @@ TEST_CASE("a scatter whose rows belong to one batch index runs in parallel", "[f
       [&] { return reindex_reduce(x * 2.0f, ReduceOp::Sum, shape, overlapping); });
 }
 
+TEST_CASE("a one-to-one scatter stores into the output with the accumulator's bits",
+          "[fusion]") {
+  // The head split's gradient [b*S + s, off + h*D + d] stores each output once: the kernel
+  // writes identity-combined-with-value, converted, into the output itself (filled with the
+  // identity) instead of a float64 array converted afterwards. The bits must be the
+  // accumulator path's, which the reference evaluator shares: exact equality, including
+  // -0 (0 + -0 is +0), halves rounded once, integers wrapped, uncovered columns.
+  using E = IndexExpr;
+  Generator g(25);
+  const int64_t b = 5, s = 6, h = 3, d = 4, off = 2;
+  const Shape out = {b * s, off + h * d + 3};
+  const std::vector<IndexExpr> split = {E::var(0) * E::constant(s) + E::var(1),
+                                        E::constant(off) + E::var(2) * E::constant(d) + E::var(3)};
+  Tensor x = ready(randn({b, s, h, d}, DType::Float32, g) * 300.0f);
+  Tensor zeros = ready(where(rand({b, s, h, d}, DType::Float32, g) < 0.3f, -0.0f, x));
+  // Equal values with equal signs (uncovered outputs of a max are -inf).
+  auto same = [](const Tensor& a, const Tensor& r) {
+    const std::vector<double> got = a.to_vector<double>(), want = r.to_vector<double>();
+    REQUIRE(got.size() == want.size());
+    size_t equal = 0;
+    for (size_t i = 0; i < got.size(); ++i)
+      equal += got[i] == want[i] && std::signbit(got[i]) == std::signbit(want[i]);
+    CHECK(equal == got.size());
+  };
+  for (DType t : {DType::Float32, DType::Float16, DType::BFloat16, DType::Float64, DType::Int8,
+                  DType::Int32, DType::Bool}) {
+    for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Max, ReduceOp::Prod}) {
+      INFO(dtype_name(t) << " " << reduce_name(op));
+      auto build = [&] { return reindex_reduce(cast(zeros, t), op, out, split); };
+      set_executor("jit");
+      Tensor a = build();
+      a.eval();
+      set_executor("reference");
+      Tensor r = build();
+      r.eval();
+      set_executor("");
+      same(a, r);
+    }
+  }
+  Tensor y = reindex_reduce(zeros * 2.0f, ReduceOp::Sum, out, split);
+  std::vector<Node*> outs{y.node().get()};
+  jit::FusionPlan plan = jit::fuse(pending_subgraph(outs), {outs[0]});
+  REQUIRE(plan.groups.size() == 1);
+  const jit::LoweredKernel lowered = jit::lower(plan.groups[0]);
+  CHECK(lowered.ir.injective);
+  CHECK(lowered.parallel_extent == b);
+  // -0 stays -0 nowhere: every stored zero is +0, as 0 + -0 gives.
+  JitScope jit;
+  const std::vector<float> got = y.to_vector<float>();
+  size_t negative_zeros = 0;
+  for (float v : got) negative_zeros += v == 0.0f && std::signbit(v);
+  CHECK(negative_zeros == 0);
+  // Two terms to an output (s // 2): not one-to-one.
+  const jit::LoweredKernel shared = [&] {
+    Tensor z = reindex_reduce(zeros, ReduceOp::Sum, {b * s, h * d},
+                              {E::var(0) * E::constant(s / 2) + floordiv(E::var(1), E::constant(2)),
+                               E::var(2) * E::constant(d) + E::var(3)});
+    std::vector<Node*> zs{z.node().get()};
+    jit::FusionPlan p = jit::fuse(pending_subgraph(zs), {zs[0]});
+    REQUIRE(p.groups.size() == 1);
+    return jit::lower(p.groups[0]);
+  }();
+  CHECK_FALSE(shared.ir.injective);
+}
+
 TEST_CASE("float32 matmul runs as a library GEMM", "[fusion][matmul]") {
   Generator g(15);
   Tensor a = ready(randn({2, 17, 9}, DType::Float32, g));
