@@ -3,6 +3,7 @@
 // values become loads, and every size-dependent integer becomes a kernel parameter.
 #include <algorithm>
 #include <functional>
+#include <map>
 #include <numeric>
 #include <unordered_map>
 #include <unordered_set>
@@ -198,15 +199,43 @@ class Lowerer {
     std::vector<std::vector<IndexExpr>> sums;
     for (const IndexExpr& m : map)
       if (!m.has_load()) sums.push_back(sum_terms(m));
-    for (bool progress = true; progress;) {
-      progress = false;
-      for (std::vector<IndexExpr>& terms : sums) {
-        const auto [t, v] = separating_term(terms, ranges);
-        if (t < 0) continue;
+    // v // c and v % c, once both are known, give v (a reshape's inverse writes them to
+    // two output dims): bit 1 and bit 2 per (v, c).
+    std::map<std::pair<int64_t, int64_t>, int> parts;
+    auto learn = [&](std::vector<IndexExpr>& terms) {
+      const auto [t, v] = separating_term(terms, ranges);
+      if (t >= 0) {
         terms.erase(terms.begin() + t);
         ranges[static_cast<size_t>(v)] = {0, 0, true};  // known: its terms are constants
-        progress = true;
+        return true;
       }
+      // One term v // c or v % c beside terms whose value is known.
+      for (size_t u = 0; u < terms.size(); ++u) {
+        const IndexExpr& e = terms[u];
+        const bool div = e.kind() == IndexExpr::Kind::FloorDiv;
+        if ((!div && e.kind() != IndexExpr::Kind::Mod) ||
+            e.args()[0].kind() != IndexExpr::Kind::Var || !e.args()[1].is_const() ||
+            e.args()[1].value() <= 0)
+          continue;
+        bool rest_known = true;
+        for (size_t w = 0; w < terms.size() && rest_known; ++w) {
+          const Interval b = bound(terms[w], ranges);
+          rest_known = w == u || (b.known && b.lo == b.hi);
+        }
+        if (!rest_known) continue;
+        const int64_t v = e.args()[0].value(), c = e.args()[1].value();
+        Interval& r = ranges[static_cast<size_t>(v)];
+        int& bits = parts[{v, c}];
+        bits |= div ? 1 : 2;
+        if (bits == 3 || (!div && r.lo >= 0 && r.hi < c)) r = {0, 0, true};
+        terms.erase(terms.begin() + static_cast<std::ptrdiff_t>(u));
+        return true;
+      }
+      return false;
+    };
+    for (bool progress = true; progress;) {
+      progress = false;
+      for (std::vector<IndexExpr>& terms : sums) progress = learn(terms) || progress;
     }
     for (const Interval& r : ranges)
       if (r.hi > r.lo) return false;
@@ -470,6 +499,12 @@ LoweredKernel Lowerer::run() {
     ir.parallel_var = position[parallel_dim];
   }
   ir.injective = one_to_one(root->index_map, ranges);
+  // One-to-one: distinct values of any dim write distinct outputs; split the longest.
+  if (ir.injective && ir.parallel_var < 0 && !x->shape.empty()) {
+    parallel_dim =
+        static_cast<size_t>(std::max_element(x->shape.begin(), x->shape.end()) - x->shape.begin());
+    if (x->shape[parallel_dim] > 1) ir.parallel_var = position[parallel_dim];
+  }
   ir.store_index = store;
   if (!store_bounds.empty()) {
     IrValue g;

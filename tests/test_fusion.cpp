@@ -360,8 +360,7 @@ TEST_CASE("a scatter whose rows belong to one batch index runs in parallel", "[f
       [&] { return reindex_reduce(x * 2.0f, ReduceOp::Sum, shape, overlapping); });
 }
 
-TEST_CASE("a one-to-one scatter stores into the output with the accumulator's bits",
-          "[fusion]") {
+TEST_CASE("a one-to-one scatter stores into the output with the accumulator's bits", "[fusion]") {
   // The head split's gradient [b*S + s, off + h*D + d] stores each output once: the kernel
   // writes identity-combined-with-value, converted, into the output itself (filled with the
   // identity) instead of a float64 array converted afterwards. The bits must be the
@@ -423,6 +422,37 @@ TEST_CASE("a one-to-one scatter stores into the output with the accumulator's bi
     return jit::lower(p.groups[0]);
   }();
   CHECK_FALSE(shared.ir.injective);
+
+  // A reshape's inverse writes v // c and v % c to two dims: one-to-one when both are
+  // there (the head merge's gradient, [B*S, H*D] -> [B, H, S, D]), split between threads.
+  Tensor rows = ready(randn({b * s, h * d}, DType::Float32, g));
+  const std::vector<IndexExpr> merge = {
+      floordiv(E::var(0), E::constant(s)), floordiv(E::var(1), E::constant(d)),
+      mod(E::var(0), E::constant(s)), mod(E::var(1), E::constant(d))};
+  auto lower_one = [&](const std::vector<IndexExpr>& map, const Shape& shape) {
+    Tensor z = reindex_reduce(rows * 2.0f, ReduceOp::Sum, shape, map);
+    std::vector<Node*> zs{z.node().get()};
+    jit::FusionPlan p = jit::fuse(pending_subgraph(zs), {zs[0]});
+    REQUIRE(p.groups.size() == 1);
+    return jit::lower(p.groups[0]);
+  };
+  const jit::LoweredKernel merged = lower_one(merge, {b, h, s, d});
+  CHECK(merged.ir.injective);
+  CHECK(merged.parallel_extent == b * s);
+  for (DType t : {DType::Float32, DType::Float16}) {
+    INFO(dtype_name(t));
+    set_executor("jit");
+    Tensor a = reindex_reduce(cast(rows, t), ReduceOp::Sum, {b, h, s, d}, merge);
+    a.eval();
+    set_executor("reference");
+    Tensor r = reindex_reduce(cast(rows, t), ReduceOp::Sum, {b, h, s, d}, merge);
+    r.eval();
+    set_executor("");
+    same(a, r);
+  }
+  // Without i1 % D the columns of a head share outputs.
+  const jit::LoweredKernel partial = lower_one({merge[0], merge[1], merge[2]}, {b, h, s});
+  CHECK_FALSE(partial.ir.injective);
 }
 
 TEST_CASE("float32 matmul runs as a library GEMM", "[fusion][matmul]") {
