@@ -50,6 +50,14 @@ Tensor ready(Tensor t) {
   return t;
 }
 
+// The one kernel evaluating `y` would run, lowered.
+jit::LoweredKernel lower_only_kernel(const Tensor& y) {
+  std::vector<Node*> outs{y.node().get()};
+  jit::FusionPlan plan = jit::fuse(pending_subgraph(outs), {outs[0]});
+  REQUIRE(plan.groups.size() == 1);
+  return jit::lower(plan.groups[0]);
+}
+
 // Accumulation needs the library GEMM: without OpenBLAS there is nothing to test.
 bool have_blas_or_warn() {
   if (!jit::have_blas()) WARN("kiln built without OpenBLAS: no library GEMM to accumulate with");
@@ -239,12 +247,7 @@ TEST_CASE("rows of random draws take four elements per Philox block", "[fusion][
     });
   }
 
-  auto printed = [](const Tensor& y) {
-    std::vector<Node*> outs{y.node().get()};
-    jit::FusionPlan plan = jit::fuse(pending_subgraph(outs), {outs[0]});
-    REQUIRE(plan.groups.size() == 1);
-    return jit::print_cpp(jit::lower(plan.groups[0]).ir).source;
-  };
+  auto printed = [](const Tensor& y) { return jit::print_cpp(lower_only_kernel(y).ir).source; };
   Generator g(9);
   const std::string along = printed(rand({4, 9}, DType::Float32, g) * 2.0f);
   INFO(along);
@@ -337,11 +340,7 @@ TEST_CASE("a scatter whose rows belong to one batch index runs in parallel", "[f
   CHECK(exact == got.size());
 
   auto lowered = [&](const std::vector<IndexExpr>& map, const Shape& shape) {
-    Tensor y = reindex_reduce(x * 2.0f, ReduceOp::Sum, shape, map);
-    std::vector<Node*> outs{y.node().get()};
-    jit::FusionPlan plan = jit::fuse(pending_subgraph(outs), {outs[0]});
-    REQUIRE(plan.groups.size() == 1);
-    return jit::lower(plan.groups[0]);
+    return lower_only_kernel(reindex_reduce(x * 2.0f, ReduceOp::Sum, shape, map));
   };
   const jit::LoweredKernel parallel = lowered(split, {rows, cols});
   REQUIRE(parallel.ir.kind == jit::KernelIR::Kind::Scatter);
@@ -399,10 +398,7 @@ TEST_CASE("a one-to-one scatter stores into the output with the accumulator's bi
     }
   }
   Tensor y = reindex_reduce(zeros * 2.0f, ReduceOp::Sum, out, split);
-  std::vector<Node*> outs{y.node().get()};
-  jit::FusionPlan plan = jit::fuse(pending_subgraph(outs), {outs[0]});
-  REQUIRE(plan.groups.size() == 1);
-  const jit::LoweredKernel lowered = jit::lower(plan.groups[0]);
+  const jit::LoweredKernel lowered = lower_only_kernel(y);
   CHECK(lowered.ir.injective);
   CHECK(lowered.parallel_extent == b);
   // -0 stays -0 nowhere: every stored zero is +0, as 0 + -0 gives.
@@ -412,15 +408,10 @@ TEST_CASE("a one-to-one scatter stores into the output with the accumulator's bi
   for (float v : got) negative_zeros += v == 0.0f && std::signbit(v);
   CHECK(negative_zeros == 0);
   // Two terms to an output (s // 2): not one-to-one.
-  const jit::LoweredKernel shared = [&] {
-    Tensor z = reindex_reduce(zeros, ReduceOp::Sum, {b * s, h * d},
-                              {E::var(0) * E::constant(s / 2) + floordiv(E::var(1), E::constant(2)),
-                               E::var(2) * E::constant(d) + E::var(3)});
-    std::vector<Node*> zs{z.node().get()};
-    jit::FusionPlan p = jit::fuse(pending_subgraph(zs), {zs[0]});
-    REQUIRE(p.groups.size() == 1);
-    return jit::lower(p.groups[0]);
-  }();
+  const jit::LoweredKernel shared = lower_only_kernel(
+      reindex_reduce(zeros, ReduceOp::Sum, {b * s, h * d},
+                     {E::var(0) * E::constant(s / 2) + floordiv(E::var(1), E::constant(2)),
+                      E::var(2) * E::constant(d) + E::var(3)}));
   CHECK_FALSE(shared.ir.injective);
 
   // A reshape's inverse writes v // c and v % c to two dims: one-to-one when both are
@@ -430,11 +421,7 @@ TEST_CASE("a one-to-one scatter stores into the output with the accumulator's bi
       floordiv(E::var(0), E::constant(s)), floordiv(E::var(1), E::constant(d)),
       mod(E::var(0), E::constant(s)), mod(E::var(1), E::constant(d))};
   auto lower_one = [&](const std::vector<IndexExpr>& map, const Shape& shape) {
-    Tensor z = reindex_reduce(rows * 2.0f, ReduceOp::Sum, shape, map);
-    std::vector<Node*> zs{z.node().get()};
-    jit::FusionPlan p = jit::fuse(pending_subgraph(zs), {zs[0]});
-    REQUIRE(p.groups.size() == 1);
-    return jit::lower(p.groups[0]);
+    return lower_only_kernel(reindex_reduce(rows * 2.0f, ReduceOp::Sum, shape, map));
   };
   const jit::LoweredKernel merged = lower_one(merge, {b, h, s, d});
   CHECK(merged.ir.injective);
