@@ -155,13 +155,11 @@ template <typename Acc>
 void run_scatter(const LoweredKernel& lk, KernelFn fn, std::vector<char*>& bufs, Node& root) {
   const auto n = static_cast<int64_t>(root.numel());
   const Acc identity = identity_of<Acc>(lk.ir.reduce, root.dtype);
-  // A float64 result accumulates in place; other dtypes go through an accumulator array
-  // converted at the end.
-  constexpr bool kInPlaceCapable = std::is_same_v<Acc, double>;
-  const bool in_place = kInPlaceCapable && root.dtype == DType::Float64;
-  // A one-to-one scatter stores each output once, converted by the kernel: the output
-  // starts as the identity, converted as an untouched accumulator would be.
-  const bool direct = lk.ir.injective || in_place;
+  // The kernel writes the output itself when it is float64 (it accumulates in place) or
+  // the scatter is one-to-one (each output stored once, converted): the output starts as
+  // the identity, converted as an untouched accumulator would be. Other scatters go
+  // through an accumulator array converted at the end.
+  const bool direct = lk.ir.injective || root.dtype == DType::Float64;
   std::vector<Acc> acc(direct ? 0 : static_cast<size_t>(n));
   void* out = root.buffer->data();
   if (direct) {

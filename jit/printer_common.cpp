@@ -106,6 +106,11 @@ std::string store_expr(DType t, const std::string& v) {
   return "(" + storage_type(t) + ")(" + v + ")";
 }
 
+std::string store_total_expr(DType t, const std::string& v) {
+  const bool half = t == DType::Float16 || t == DType::BFloat16;
+  return store_expr(t, half ? "odd_f(" + v + ")" : v);
+}
+
 std::string float_literal(const Dialect& d, double v, DType t) {
   bool f = compute_type(t) == "float";
   if (std::isnan(v)) return f ? d.nan_f : d.nan_d;

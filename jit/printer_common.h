@@ -41,6 +41,10 @@ std::string normalize(DType t, const std::string& e);
 std::string load_expr(DType t, const std::string& ref);
 /// Stored form of compute-type value `v` for dtype `t`.
 std::string store_expr(DType t, const std::string& v);
+/// Stored form of a float64/int64 total `v` for dtype `t`, converted as the reference and
+/// the executor convert an accumulator: 16-bit floats round once (through float rounded to
+/// odd).
+std::string store_total_expr(DType t, const std::string& v);
 /// An exact literal of `v` in the compute type of `t` (hex floats).
 std::string float_literal(const Dialect& d, double v, DType t);
 std::string int_literal(int64_t v);

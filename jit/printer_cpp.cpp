@@ -407,13 +407,9 @@ PrintedKernel print_cpp(const KernelIR& ir) {
     if (ir.injective) {
       // What the accumulator path stores for an output with one term: the identity
       // combined with it, in the accumulator's type, converted as the executor converts.
-      const std::string one =
-          "(" +
-          combine(ir.reduce,
-                  "(" + acc_t + ")" + identity_literal(kCppDialect, ir.reduce, ir.out_dtype), x) +
-          ")";
-      const bool half = ir.out_dtype == DType::Float16 || ir.out_dtype == DType::BFloat16;
-      s += "      " + at + " = " + store_expr(ir.out_dtype, half ? "odd_f" + one : one) + ";\n";
+      const std::string one = combine(
+          ir.reduce, "(" + acc_t + ")" + identity_literal(kCppDialect, ir.reduce, ir.out_dtype), x);
+      s += "      " + at + " = " + store_total_expr(ir.out_dtype, one) + ";\n";
     } else {
       s += "      " + at + " = " + combine(ir.reduce, at, x) + ";\n";
     }

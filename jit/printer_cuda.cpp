@@ -200,11 +200,8 @@ struct CudaPrinter {
            "scratch[blockIdx.x] = acc;\n";
   }
 
-  // The reference stores a float64 or int64 total into the output dtype: float64 rounds to
-  // 16-bit floats once (through float rounded to odd).
   std::string store_total(const std::string& total) const {
-    const bool half = ir.out_dtype == DType::Float16 || ir.out_dtype == DType::BFloat16;
-    return store_expr(ir.out_dtype, half ? "odd_f(" + total + ")" : total);
+    return store_total_expr(ir.out_dtype, total);
   }
 
   std::string combine_body() const {
