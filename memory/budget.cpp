@@ -36,7 +36,12 @@ Budget parse(const std::string& spec, const std::string& what) {
                        "' is not a budget; a fraction of device memory must be in (0, 1]");
     return {0, v};
   }
-  return {parse_memory_size(spec, what), 0};
+  try {
+    return {parse_memory_size(spec, what), 0};
+  } catch (const ValueError& e) {
+    // The size parser names the units; a budget may also be a share of the device.
+    throw ValueError(std::string(e.what()) + ", or a fraction of device memory such as 0.5");
+  }
 }
 
 void load_environment_locked() {

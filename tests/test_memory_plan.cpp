@@ -592,6 +592,10 @@ TEST_CASE("memory budgets parse sizes and fractions", "[plan]") {
   CHECK_THAT(memory::budget_description(), Catch::Contains("25% of device memory"));
   CHECK_THROWS_AS(memory::set_budget(std::string("1.5")), ValueError);
   CHECK_THROWS_AS(memory::set_budget(std::string("lots")), ValueError);
+  // The message names the spec and every accepted form, fractions included.
+  CHECK_THROWS_WITH(memory::set_budget(std::string("lots")),
+                    Catch::Matchers::Contains("'lots'") && Catch::Matchers::Contains("512MiB") &&
+                        Catch::Matchers::Contains("fraction of device memory such as 0.5"));
   memory::clear_budget();
   CHECK(memory::budget() == 0);
   CHECK_THAT(memory::report(), Catch::Contains("[plan] budget none"));

@@ -1,7 +1,8 @@
 #pragma once
 // What the training examples share: `--flag value` parsing with defaults and usage text, a
-// one-line progress bar, the memory pictures of a training step (--memory-timeline,
-// --trace), and the closing report (kernel cache and memory pool).
+// one-line progress bar, the memory budget and pictures of a training step
+// (--memory-budget, --memory-timeline, --trace), and the closing report (kernel cache,
+// memory pools, budget and the last step's plan).
 #include <kiln/kiln.h>
 
 #include <chrono>
@@ -14,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "memory/host_pool.h"
+#include "memory/memory.h"
 #include "memory/step_record.h"
 
 namespace example {
@@ -102,24 +103,43 @@ inline double seconds_since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
-/// Declares --memory-timeline FILE and --trace FILE (both off by default): the last training
-/// step's bytes in use as an SVG picture, and its kernels as a Chrome trace.
+/// Declares --memory-budget SPEC (as KILN_MEMORY_BUDGET, which it overrides), and
+/// --memory-timeline FILE and --trace FILE (both off by default): the last training step's
+/// bytes in use as an SVG picture, and its kernels as a Chrome trace.
 inline void add_memory_flags(Flags& flags) {
+  flags.add("memory-budget", "",
+            "memory budget of every step: 512MiB, 2GB, bytes, or a fraction of RAM such as "
+            "0.5 (default: KILN_MEMORY_BUDGET, else none)");
   flags.add("memory-timeline", "",
             "write the last training step's memory timeline (SVG picture) to this file");
   flags.add("trace", "",
             "write the last training step as a Chrome trace (ui.perfetto.dev, chrome://tracing)");
 }
 
-/// Turns step recording on when either picture was asked for; call it before training.
+/// Sets the budget --memory-budget asks for and turns step recording on when either picture
+/// was asked for; call it before training. A budget kiln cannot parse throws ValueError.
 inline void begin_memory_recording(const Flags& flags) {
+  if (const std::string spec = flags.str("memory-budget"); !spec.empty())
+    kiln::memory::set_budget(spec);
   if (!flags.str("memory-timeline").empty() || !flags.str("trace").empty())
     kiln::memory::set_step_recording(true);
 }
 
-/// Writes the pictures asked for from the most recent evaluation; call it right after the
-/// last training step, before any evaluation or sampling replaces the record.
+/// Prints the last training step's memory in one line when a budget is set (peak against
+/// the budget, rebuilds and their share of the step's work), then writes the pictures asked
+/// for; call it right after the last training step, before any evaluation or sampling
+/// replaces the record.
 inline void write_memory_pictures(const Flags& flags) {
+  if (const kiln::memory::PlanSummary s = kiln::memory::last_plan(); s.budget > 0) {
+    const bool held = s.within_budget && s.measured_peak <= s.budget;
+    std::printf(
+        "last training step: peak %s, %s a %s budget (lower bound %s), %zu rebuilds, "
+        "+%.1f%% work\n",
+        kiln::memory::format_bytes(s.measured_peak).c_str(), held ? "within" : "OVER",
+        kiln::memory::format_bytes(s.budget).c_str(),
+        kiln::memory::format_bytes(s.lower_bound).c_str(), s.recomputes,
+        s.base_cost > 0 ? 100.0 * s.extra_cost / s.base_cost : 0.0);
+  }
   if (const std::string path = flags.str("memory-timeline"); !path.empty()) {
     kiln::memory::write_memory_timeline(path);
     std::printf("wrote memory timeline to %s\n", path.c_str());
@@ -131,8 +151,8 @@ inline void write_memory_pictures(const Flags& flags) {
   }
 }
 
-/// The closing report every example prints: what the JIT compiled or reused and what the
-/// memory pool holds.
+/// The closing report every example prints: what the JIT compiled or reused, what the memory
+/// pools hold, the budget and the last step's plan.
 inline void print_runtime_report() {
   kiln::jit::CacheStats s = kiln::jit::cache_stats();
   std::printf("\nkernel cache: %llu compiled (%.0f ms), %llu memory hits, %llu disk hits, %s\n",
@@ -140,7 +160,7 @@ inline void print_runtime_report() {
               static_cast<unsigned long long>(s.memory_hits),
               static_cast<unsigned long long>(s.disk_hits),
               s.disk_enabled ? ("directory " + s.directory).c_str() : "memory only");
-  std::printf("\nmemory pool:\n%s\n", kiln::memory::host_pool().report().c_str());
+  std::printf("\nmemory:\n%s\n", kiln::memory::report().c_str());
 }
 
 }  // namespace example
