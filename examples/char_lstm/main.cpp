@@ -61,7 +61,7 @@ int run(const example::Flags& flags) {
   optim::Adam opt(params, {.lr = flags.real("lr")});
 
   std::mt19937_64 rng(static_cast<uint64_t>(flags.integer("seed")));
-  example::begin_memory_recording(flags);
+  example::apply_memory_flags(flags);
   example::TrainingLog log(steps);
   for (int64_t step = 1; step <= steps; ++step) {
     auto [x, y] = corpus.batch(batch, seq, rng);
@@ -75,7 +75,7 @@ int run(const example::Flags& flags) {
     log.step(step, loss.item<double>());
   }
   log.finish(corpus.vocab_size());
-  example::write_memory_pictures(flags);  // before sampling replaces the last step
+  example::report_training_memory(flags);  // before sampling replaces the last step
 
   // Sampling: feed one character at a time, carrying the LSTM state.
   model->eval();

@@ -118,7 +118,7 @@ inline void add_memory_flags(Flags& flags) {
 
 /// Sets the budget --memory-budget asks for and turns step recording on when either picture
 /// was asked for; call it before training. A budget kiln cannot parse throws ValueError.
-inline void begin_memory_recording(const Flags& flags) {
+inline void apply_memory_flags(const Flags& flags) {
   if (const std::string spec = flags.str("memory-budget"); !spec.empty())
     kiln::memory::set_budget(spec);
   if (!flags.str("memory-timeline").empty() || !flags.str("trace").empty())
@@ -129,7 +129,7 @@ inline void begin_memory_recording(const Flags& flags) {
 /// the budget, rebuilds and their share of the step's work), then writes the pictures asked
 /// for; call it right after the last training step, before any evaluation or sampling
 /// replaces the record.
-inline void write_memory_pictures(const Flags& flags) {
+inline void report_training_memory(const Flags& flags) {
   if (const kiln::memory::PlanSummary s = kiln::memory::last_plan(); s.budget > 0) {
     const bool held = s.within_budget && s.measured_peak <= s.budget;
     std::printf(

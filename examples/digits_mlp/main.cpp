@@ -57,7 +57,7 @@ int run(const example::Flags& flags) {
   optim::Adam opt(model->parameters(), {.lr = flags.real("lr")});
   data::DataLoader loader(train,
                           {.batch_size = flags.integer("batch-size"), .shuffle = true, .seed = 1});
-  example::begin_memory_recording(flags);
+  example::apply_memory_flags(flags);
   auto start = std::chrono::steady_clock::now();
   for (int64_t epoch = 1; epoch <= epochs; ++epoch) {
     model->train();
@@ -83,7 +83,7 @@ int run(const example::Flags& flags) {
                   example::seconds_since(start));
     example::progress("epoch " + std::to_string(epoch), epoch, epochs, text);
   }
-  example::write_memory_pictures(flags);  // the last step recorded is a training step
+  example::report_training_memory(flags);  // the last step recorded is a training step
 
   model->eval();
   double test_acc;

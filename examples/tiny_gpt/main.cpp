@@ -80,7 +80,7 @@ int run(const example::Flags& flags) {
       opt, warmup, std::max<int64_t>(steps, warmup + 1), 0.1, flags.real("lr") * 0.1);
 
   std::mt19937_64 rng(static_cast<uint64_t>(flags.integer("seed")));
-  example::begin_memory_recording(flags);
+  example::apply_memory_flags(flags);
   example::TrainingLog log(steps);
   model->train();
   for (int64_t step = 1; step <= steps; ++step) {
@@ -98,7 +98,7 @@ int run(const example::Flags& flags) {
     log.step(step, loss.item<double>(), lr);
   }
   log.finish(vocab);
-  example::write_memory_pictures(flags);  // before sampling replaces the last step
+  example::report_training_memory(flags);  // before sampling replaces the last step
 
   // Sampling: the context window slides over the text generated so far. Each length is a
   // new shape but not a new kernel: kernels take sizes as arguments.
