@@ -8,8 +8,12 @@ namespace {
 
 std::string plan_lines() {
   PlanSummary s = last_plan();
-  std::string out = "[plan] budget " + budget_description();
+  const std::string budget = budget_description();
+  std::string out = "[plan] budget " + budget;
   if (s.pool.empty()) return out + "; no step planned yet\n";
+  // A fraction means different bytes on each device: say what it came to for this step.
+  if (s.budget > 0 && budget != format_bytes(s.budget))
+    out += " (" + format_bytes(s.budget) + " of the " + s.pool + ")";
   out += "; last step on the " + s.pool + ": peak " + format_bytes(s.measured_peak) + " (planned " +
          format_bytes(s.planned_peak) + ", lower bound " + format_bytes(s.lower_bound) + "), " +
          std::to_string(s.recomputes) + " rebuilds, " + std::to_string(s.in_place) +

@@ -590,6 +590,11 @@ TEST_CASE("memory budgets parse sizes and fractions", "[plan]") {
   CHECK(memory::budget() > 0);
   CHECK(half / 2 - memory::budget() <= 4096);
   CHECK_THAT(memory::budget_description(), Catch::Contains("25% of device memory"));
+  // After a step the report says what the fraction came to on the pool the step ran on.
+  (void)sum(randn({64, 64})).item<float>();  // any evaluation sets the last plan
+  CHECK_THAT(memory::report(),
+             Catch::Contains("[plan] budget 25% of device memory (" +
+                             memory::format_bytes(memory::budget()) + " of the host pool)"));
   CHECK_THROWS_AS(memory::set_budget(std::string("1.5")), ValueError);
   CHECK_THROWS_AS(memory::set_budget(std::string("lots")), ValueError);
   // The message names the spec and every accepted form, fractions included.
