@@ -64,9 +64,27 @@ size_t place_skyline(const std::vector<Slot>& slots, std::vector<int> ids, int h
   std::stable_sort(ids.begin(), ids.end(), [&](int a, int b) {
     return slots[static_cast<size_t>(a)].start < slots[static_cast<size_t>(b)].start;
   });
-  std::vector<char> done(slots.size(), 0);
+  // The values by start, copied side by side, and for each position the next one not yet
+  // placed (path-halving union-find): each stretch scans the values that start in it, and
+  // on an LSTM step most of those were placed long before.
+  struct Candidate {
+    int start, end;
+    size_t bytes;
+  };
+  std::vector<Candidate> by_start;
+  by_start.reserve(ids.size());
+  for (int i : ids) {
+    const Slot& s = slots[static_cast<size_t>(i)];
+    by_start.push_back({s.start, s.end, s.bytes});
+  }
+  std::vector<size_t> next_left(ids.size() + 1);
+  for (size_t i = 0; i < next_left.size(); ++i) next_left[i] = i;
+  auto first_left = [&](size_t i) {
+    while (next_left[i] != i) i = next_left[i] = next_left[next_left[i]];
+    return i;
+  };
   size_t left = ids.size(), size = 0;
-  auto score = [&](const Slot& s, const Stretch& at) {
+  auto score = [&](const Candidate& s, const Stretch& at) {
     const auto span = static_cast<double>(s.end - s.start + 1);
     const auto bytes = static_cast<double>(s.bytes);
     switch (rule) {
@@ -87,15 +105,19 @@ size_t place_skyline(const std::vector<Slot>& slots, std::vector<int> ids, int h
     for (size_t i = 1; i < sky.size(); ++i)
       if (sky[i].height < sky[low].height) low = i;
     const Stretch at = sky[low];
+    size_t best_at = 0;
     int best = -1;
     double best_score = -1;
-    auto it = std::lower_bound(ids.begin(), ids.end(), at.from, [&](int i, int from) {
-      return slots[static_cast<size_t>(i)].start < from;
-    });
-    for (; it != ids.end() && slots[static_cast<size_t>(*it)].start <= at.to; ++it) {
-      const Slot& s = slots[static_cast<size_t>(*it)];
-      if (done[static_cast<size_t>(*it)] || s.end > at.to) continue;
-      if (const double sc = score(s, at); sc > best_score) best_score = sc, best = *it;
+    const auto from = static_cast<size_t>(
+        std::lower_bound(by_start.begin(), by_start.end(), at.from,
+                         [](const Candidate& c, int f) { return c.start < f; }) -
+        by_start.begin());
+    for (size_t k = first_left(from); k < by_start.size() && by_start[k].start <= at.to;
+         k = first_left(k + 1)) {
+      const Candidate& c = by_start[k];
+      if (c.end > at.to) continue;
+      if (const double sc = score(c, at); sc > best_score)
+        best_score = sc, best = ids[k], best_at = k;
     }
     if (best < 0) {
       // Nothing fits: raise the stretch to its lower neighbour (one exists: every value
@@ -106,7 +128,7 @@ size_t place_skyline(const std::vector<Slot>& slots, std::vector<int> ids, int h
       sky[low].height = to;
     } else {
       const Slot& s = slots[static_cast<size_t>(best)];
-      done[static_cast<size_t>(best)] = 1;
+      next_left[best_at] = best_at + 1;
       --left;
       offset[static_cast<size_t>(best)] = static_cast<int64_t>(at.height);
       size = std::max(size, at.height + s.bytes);

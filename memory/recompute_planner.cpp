@@ -300,13 +300,20 @@ class Engine {
           g_.kernels[static_cast<size_t>(g_.values[static_cast<size_t>(v)].producer)].cost;
       ranked_.push_back({next == kNever ? -1.0 : own / span, next, v});
     }
-    std::sort(ranked_.begin(), ranked_.end(), [](const Ranked& a, const Ranked& b) {
-      return a.bound < b.bound || (a.bound == b.bound && a.v < b.v);
-    });
+    // A heap, not a sort: the walk usually stops after a few candidates, and sorting every
+    // candidate at every eviction was a third of planning an LSTM step with all of them
+    // scored. Popping gives the sorted order, so the choice is the same.
+    auto later = [](const Ranked& a, const Ranked& b) {
+      return a.bound > b.bound || (a.bound == b.bound && a.v > b.v);
+    };
+    std::make_heap(ranked_.begin(), ranked_.end(), later);
     int best = -1;
     double best_score = kUnrebuildable;
     size_t best_bytes = 0;
-    for (const Ranked& r : ranked_) {
+    while (!ranked_.empty()) {
+      std::pop_heap(ranked_.begin(), ranked_.end(), later);
+      const Ranked r = ranked_.back();
+      ranked_.pop_back();
       if (r.bound > best_score) break;
       const int v = r.v;
       const size_t bytes = g_.values[static_cast<size_t>(v)].bytes;
