@@ -88,8 +88,9 @@ NodePtr detached_copy(const Node& n) {
 }  // namespace
 
 Tensor Tensor::detach() const {
-  const Node& n = checked("detach");
-  return n.requires_grad ? Tensor(detached_copy(n)) : *this;
+  // Always a new node: returning this handle for a tensor without gradient flow would let
+  // `x.detach().requires_grad_()` mark x itself (PyTorch's detach never aliases the flags).
+  return Tensor(detached_copy(checked("detach")));
 }
 
 void Tensor::rebind(const Tensor& value, const char* what, bool check_meta) {

@@ -433,6 +433,34 @@ FusionPlan fuse_cached(const std::vector<Node*>& schedule,
   return plan;
 }
 
+// A replaced leaf (a parameter before an update) may hand its buffer to the update once its
+// last reader in the step has run. A held value left to fusion stays pending after the step
+// and would then read that leaf again when evaluated, so one that reaches a replaced leaf
+// through pending values (the new parameter itself, read by `sum(w)` next to the loss) is
+// kept: what it computes is taken from the leaf while the leaf is still there. `schedule`
+// lists inputs before users, so one pass finds them; a kept value cuts the paths above it.
+void keep_readers_of_replaced(const std::vector<Node*>& schedule,
+                              const std::unordered_set<Node*>& req,
+                              const std::unordered_set<Node*>& consumed, std::vector<Node*>& outs) {
+  bool any = false;
+  for (Node* n : schedule)
+    for (const NodePtr& in : n->inputs) any = any || (in->replaced && in->is_evaluated());
+  if (!any) return;
+  std::unordered_set<Node*> reaches;  // pending nodes that read a replaced leaf when run
+  for (Node* n : schedule) {
+    bool r = false;
+    for (const NodePtr& in : n->inputs) {
+      Node* m = in.get();
+      r = r || (m->is_evaluated() ? m->replaced : reaches.count(m) > 0);
+    }
+    if (!r || req.count(n)) continue;
+    if (consumed.count(n) && n->handles.load(std::memory_order_relaxed) > 0)
+      outs.push_back(n);  // materialized here: its users after the step read its buffer
+    else
+      reaches.insert(n);
+  }
+}
+
 Plan make_plan(const std::vector<Node*>& schedule, const std::vector<Node*>& requested) {
   Plan p;
   std::vector<Node*> outs(requested.begin(), requested.end());
@@ -447,6 +475,7 @@ Plan make_plan(const std::vector<Node*>& schedule, const std::vector<Node*>& req
   for (Node* n : schedule)
     if (!req.count(n) && !consumed.count(n) && n->handles.load(std::memory_order_relaxed) > 0)
       outs.push_back(n);
+  keep_readers_of_replaced(schedule, req, consumed, outs);
   p.simplified = simplify(schedule, outs);
   for (Node* o : outs) {
     auto it = p.simplified.alias.find(o);

@@ -65,7 +65,18 @@ std::vector<Tensor> vjp(const Node& n, const Tensor& g) {
 // Walks from `output` down the edges that carry gradient flow; leaves end the walk.
 // `wanted` tells which nodes need a gradient. Returns the nodes that lie on a path to a
 // wanted node, outputs first.
-std::vector<Node*> backward_order(Node* output, const std::function<bool(Node*)>& wanted) {
+// A leaf that assign() or an optimizer step replaced after the graph was built: the graph
+// still reads its old value, and a gradient for it would land on a node no handle names
+// (lost without a word). PyTorch refuses such a graph too (a saved tensor was modified).
+[[noreturn]] void raise_updated_leaf(const char* what, const Node& leaf) {
+  throw ValueError(std::string("[") + what + "] the graph reads a parameter " +
+                   std::string(dtype_name(leaf.dtype)) + shape_str(leaf.shape) +
+                   " that was updated (an optimizer step, assign or set_data) after the graph "
+                   "was built; build the graph again from the updated parameters");
+}
+
+std::vector<Node*> backward_order(const char* what, Node* output,
+                                  const std::function<bool(Node*)>& wanted) {
   // Iterative post-order: inputs finish before their users.
   std::vector<Node*> post;
   std::unordered_map<Node*, bool> reaches;  // node -> lies on a path to a wanted node
@@ -76,6 +87,7 @@ std::vector<Node*> backward_order(Node* output, const std::function<bool(Node*)>
     bool descend = !n->grad_leaf || n == output;
     if (descend && next < n->inputs.size()) {
       Node* in = n->inputs[next++].get();
+      if (in->grad_leaf && in->replaced) raise_updated_leaf(what, *in);
       if (in->requires_grad && !reaches.count(in)) {
         reaches[in] = false;
         stack.push_back({in, 0});
@@ -267,7 +279,8 @@ std::vector<Tensor> grad(const Tensor& output, const std::vector<Tensor>& inputs
     wanted.insert(inputs[i].node().get());
   }
   Node* out = output.node().get();
-  std::vector<Node*> order = backward_order(out, [&](Node* n) { return wanted.count(n) > 0; });
+  std::vector<Node*> order =
+      backward_order("grad", out, [&](Node* n) { return wanted.count(n) > 0; });
   std::unordered_map<Node*, Tensor> grads = propagate(order, out, seed);
   std::vector<Tensor> result;
   for (size_t i = 0; i < inputs.size(); ++i) {
@@ -297,7 +310,7 @@ void Tensor::backward(const Tensor& gradient) const {
   auto readable_leaf = [](Node* n) {
     return n->grad_leaf && n->handles.load(std::memory_order_relaxed) > 0;
   };
-  std::vector<Node*> order = backward_order(out, readable_leaf);
+  std::vector<Node*> order = backward_order("backward", out, readable_leaf);
   std::unordered_map<Node*, Tensor> grads = propagate(order, out, seed);
   for (Node* leaf : order) {
     auto it = grads.find(leaf);
