@@ -8,24 +8,8 @@
 #include "../core/cuda_driver.h"
 #include "../core/error.h"
 #include "../core/thread_pool.h"
+#include "blas.h"
 #include "cublas.h"
-
-#ifndef KILN_WITH_BLAS
-#define KILN_WITH_BLAS 0
-#endif
-
-#if KILN_WITH_BLAS
-// Declared here rather than through cblas.h: the header's location differs between
-// distributions, and these three entry points are all kiln needs.
-extern "C" {
-void cblas_sgemm(int order, int transa, int transb, int m, int n, int k, float alpha,
-                 const float* a, int lda, const float* b, int ldb, float beta, float* c, int ldc);
-void cblas_dgemm(int order, int transa, int transb, int m, int n, int k, double alpha,
-                 const double* a, int lda, const double* b, int ldb, double beta, double* c,
-                 int ldc);
-void openblas_set_num_threads(int threads);
-}
-#endif
 
 namespace kiln::jit {
 namespace {
@@ -354,11 +338,11 @@ bool gemm_layout(const Node& r, GemmLayout* out) {
 
 }  // namespace
 
-bool have_blas() { return KILN_WITH_BLAS != 0; }
+bool have_blas() { return cpu_gemm_available(DType::Float32); }
 
 bool match_gemm(Node* r, const std::function<bool(Node*)>& single_use, GemmMatch* match) {
   if (r->op != OpCode::ReindexReduce || r->inputs.size() != 1) return false;
-  if (!(r->device.is_cuda() ? cublas_available() : have_blas())) return false;
+  if (!(r->device.is_cuda() ? cublas_available() : cpu_gemm_available(r->dtype))) return false;
   Node* p = r->inputs[0].get();
   if (p->is_evaluated() || p->op != OpCode::Mul || !single_use(p)) return false;
   Node* ra = p->inputs[0].get();
@@ -398,29 +382,6 @@ bool match_accumulate(Node* sum, const std::function<bool(Node*)>& single_use,
 }
 
 namespace {
-
-// One BLAS call on row-major operands (beta = 1 adds to C).
-void blas_gemm(DType dtype, bool ta, bool tb, int64_t m, int64_t n, int64_t k, const char* a,
-               int64_t lda, const char* b, int64_t ldb, bool accumulate, char* c, int64_t ldc) {
-#if KILN_WITH_BLAS
-  constexpr int kRowMajor = 101, kNoTrans = 111, kTrans = 112;
-  const int ia = ta ? kTrans : kNoTrans, ib = tb ? kTrans : kNoTrans;
-  const auto M = static_cast<int>(m), N = static_cast<int>(n), K = static_cast<int>(k);
-  if (dtype == DType::Float32) {
-    cblas_sgemm(kRowMajor, ia, ib, M, N, K, 1.0f, reinterpret_cast<const float*>(a),
-                static_cast<int>(lda), reinterpret_cast<const float*>(b), static_cast<int>(ldb),
-                accumulate ? 1.0f : 0.0f, reinterpret_cast<float*>(c), static_cast<int>(ldc));
-  } else {
-    cblas_dgemm(kRowMajor, ia, ib, M, N, K, 1.0, reinterpret_cast<const double*>(a),
-                static_cast<int>(lda), reinterpret_cast<const double*>(b), static_cast<int>(ldb),
-                accumulate ? 1.0 : 0.0, reinterpret_cast<double*>(c), static_cast<int>(ldc));
-  }
-#else
-  (void)dtype, (void)ta, (void)tb, (void)m, (void)n, (void)k, (void)a, (void)lda, (void)b,
-      (void)ldb;
-  (void)accumulate, (void)c, (void)ldc;
-#endif
-}
 
 // Below this many multiply-adds a call runs on one thread: waking the pool costs more.
 constexpr int64_t kParallelGemmWork = int64_t{1} << 18;
@@ -516,13 +477,6 @@ void run_gemm(const GemmMatch& g) {
       throw ValueError("[matmul] the library GEMM no longer matches its plan");
     return run_gemm_cuda(g, *g.reduce, L);
   }
-#if KILN_WITH_BLAS
-  // OpenBLAS runs single-threaded and kiln's pool splits the work: two thread teams on the
-  // same cores (OpenBLAS's spin-waiting after every call included) would fight over them
-  // between the many small products of a training step.
-  static std::once_flag threads_set;
-  std::call_once(threads_set, [] { openblas_set_num_threads(1); });
-#endif
   Node& out = g.sum ? *g.sum : *g.reduce;
   GemmLayout L;
   if (!gemm_layout(*g.reduce, &L))
@@ -550,8 +504,8 @@ void run_gemm(const GemmMatch& g) {
     int64_t oa = call.oa + (L.a.trans ? r0 : r0 * L.a.ld);
     int64_t ob = call.ob + (L.b.trans ? c0 * L.b.ld : c0);
     int64_t oc = call.oc + r0 * L.ldc + c0;
-    blas_gemm(out.dtype, L.a.trans, L.b.trans, r1 - r0, c1 - c0, L.k, a + oa * elem, L.a.ld,
-              b + ob * elem, L.b.ld, call.accumulate || g.sum != nullptr, c + oc * elem, L.ldc);
+    cpu_gemm(out.dtype, L.a.trans, L.b.trans, r1 - r0, c1 - c0, L.k, a + oa * elem, L.a.ld,
+             b + ob * elem, L.b.ld, call.accumulate || g.sum != nullptr, c + oc * elem, L.ldc);
   };
   const int64_t threads = thread_pool().size();
   const int64_t work = L.m * L.n * L.k;

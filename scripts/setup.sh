@@ -6,7 +6,7 @@
 set -euo pipefail
 
 packages=(
-  cmake g++ make catch2 libfmt-dev nlohmann-json3-dev libopenblas-dev zlib1g-dev
+  cmake g++ make catch2 libfmt-dev nlohmann-json3-dev libopenblas-dev libdnnl-dev zlib1g-dev
   libbenchmark-dev llvm-16-dev libclang-cpp16-dev libclang-16-dev clang-16 clang-format
 )
 

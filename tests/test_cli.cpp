@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "jit/blas.h"
 #include "memory/step_graph_file.h"
 
 namespace fs = std::filesystem;
@@ -282,6 +283,16 @@ TEST_CASE("kiln CLI: info prints version, compilers, CPU features and devices", 
   CHECK(j.at("compilers").at("external").at("available") == true);
   CHECK(j.at("cuda_devices").size() == static_cast<size_t>(gpus));
   CHECK(j.at("cache").at("directory") == tmp.cache());
+  // The GEMM library of each dtype, as the library itself reports it in this process.
+  CHECK(info.out.find("gemm float32") != std::string::npos);
+  for (kiln::DType dtype : {kiln::DType::Float32, kiln::DType::Float64}) {
+    const kiln::jit::GemmPath p = kiln::jit::gemm_path(dtype);
+    const Json& g = j.at("gemm").at(std::string(kiln::dtype_name(dtype)));
+    CHECK(g.at("library") == p.library);
+    CHECK(g.at("version") == p.version);
+    CHECK(g.at("kernels") == p.kernels);
+    CHECK(g.at("generic") == p.generic);
+  }
 }
 
 TEST_CASE("kiln CLI: usage errors exit 2, --help exits 0", "[cli]") {

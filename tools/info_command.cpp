@@ -8,6 +8,7 @@
 #include "core/cuda_driver.h"
 #include "core/error.h"
 #include "core/thread_pool.h"
+#include "jit/blas.h"
 #include "jit/compiler.h"
 #include "jit/kernel_cache.h"
 #include "tools/cli.h"
@@ -66,6 +67,21 @@ std::string gib(size_t bytes) {
   return text;
 }
 
+// "oneDNN 2.6.3, avx512_core_bf16 kernels" (with a warning when the path is generic).
+std::string gemm_line(const jit::GemmPath& p) {
+  if (p.library == "none") return "generated kernels (no GEMM library in this build)";
+  std::string line = p.library + " " + p.version + ", " + p.kernels + " kernels";
+  if (p.generic) line += " (generic: this CPU has AVX2 or better)";
+  return line;
+}
+
+Json gemm_json(const jit::GemmPath& p) {
+  return {{"library", p.library},
+          {"version", p.version},
+          {"kernels", p.kernels},
+          {"generic", p.generic}};
+}
+
 }  // namespace
 
 int run_info_command(const Invocation& inv) {
@@ -85,6 +101,8 @@ int run_info_command(const Invocation& inv) {
   jit::KernelCache& cache = jit::kernel_cache();
   const std::vector<CudaDeviceInfo> cuda_devices = probe_cuda_devices();
   const std::string driver = cuda::driver_status();
+  const jit::GemmPath gemm32 = jit::gemm_path(DType::Float32);
+  const jit::GemmPath gemm64 = jit::gemm_path(DType::Float64);
 
   if (inv.json) {
     Json out = {
@@ -95,6 +113,7 @@ int run_info_command(const Invocation& inv) {
         {"default_compiler", default_ok ? Json(default_compiler) : Json(nullptr)},
         {"cpu_features", features},
         {"threads", threads},
+        {"gemm", {{"float32", gemm_json(gemm32)}, {"float64", gemm_json(gemm64)}}},
         {"cache", {{"directory", cache.directory()}, {"disk_enabled", cache.disk_enabled()}}},
         {"devices", Json::array({Json{{"type", "cpu"}, {"threads", threads}}})},
         {"cuda_driver", driver},
@@ -126,6 +145,8 @@ int run_info_command(const Invocation& inv) {
   table.add_row({"default compiler", default_ok ? default_compiler : "error: " + default_compiler});
   table.add_row({"cpu features", features});
   table.add_row({"threads", std::to_string(threads)});
+  table.add_row({"gemm float32", gemm_line(gemm32)});
+  table.add_row({"gemm float64", gemm_line(gemm64)});
   std::string directory = cache.directory().empty() ? "(none: memory only)" : cache.directory();
   if (!cache.directory().empty() && !cache.disk_enabled())
     directory += " (not usable: memory only)";

@@ -1,0 +1,134 @@
+// The CPU GEMM libraries behind library GEMM (jit/blas.h), called directly: every transpose,
+// accumulation and leading-dimension case of both dtypes against a float64 triple loop, from
+// one thread and from every pool thread at once, and what `kiln info` reports of the path.
+#include <algorithm>
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "core/thread_pool.h"
+#include "jit/blas.h"
+
+using namespace kiln;
+
+namespace {
+
+// C = op(A) @ op(B) (+ C), row-major, op transposes when asked; float64 throughout.
+template <typename T>
+std::vector<double> reference_gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k,
+                                   const std::vector<T>& a, int64_t lda, const std::vector<T>& b,
+                                   int64_t ldb, const std::vector<T>& c0, int64_t ldc, bool acc) {
+  std::vector<double> c(c0.begin(), c0.end());
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t j = 0; j < n; ++j) {
+      double s = acc ? c[static_cast<size_t>(i * ldc + j)] : 0.0;
+      for (int64_t p = 0; p < k; ++p) {
+        const double x = a[static_cast<size_t>(ta ? p * lda + i : i * lda + p)];
+        const double y = b[static_cast<size_t>(tb ? j * ldb + p : p * ldb + j)];
+        s += x * y;
+      }
+      c[static_cast<size_t>(i * ldc + j)] = s;
+    }
+  return c;
+}
+
+template <typename T>
+void check_random_gemms(DType dtype, uint64_t seed, int cases, double tol) {
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<double> value(-1, 1);
+  for (int t = 0; t < cases; ++t) {
+    const bool big = t % 8 == 7;
+    const int64_t m = 1 + static_cast<int64_t>(rng() % (big ? 300 : 40));
+    const int64_t n = 1 + static_cast<int64_t>(rng() % (big ? 300 : 40));
+    const int64_t k = 1 + static_cast<int64_t>(rng() % (big ? 300 : 40));
+    const bool ta = rng() % 2, tb = rng() % 2, acc = rng() % 2;
+    // Leading dimensions with padding: kiln passes views of larger buffers.
+    const int64_t lda = (ta ? m : k) + static_cast<int64_t>(rng() % 3);
+    const int64_t ldb = (tb ? k : n) + static_cast<int64_t>(rng() % 3);
+    const int64_t ldc = n + static_cast<int64_t>(rng() % 3);
+    std::vector<T> a(static_cast<size_t>((ta ? k : m) * lda)),
+        b(static_cast<size_t>((tb ? n : k) * ldb)), c(static_cast<size_t>(m * ldc));
+    for (auto* v : {&a, &b, &c})
+      for (T& x : *v) x = static_cast<T>(value(rng));
+    const std::vector<double> expected =
+        reference_gemm(ta, tb, m, n, k, a, lda, b, ldb, c, ldc, acc);
+    jit::cpu_gemm(dtype, ta, tb, m, n, k, a.data(), lda, b.data(), ldb, acc, c.data(), ldc);
+    INFO(dtype_name(dtype) << " case " << t << ": " << m << "x" << k << " @ " << k << "x" << n
+                           << (ta ? " A^T" : "") << (tb ? " B^T" : "") << (acc ? " += " : ""));
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t j = 0; j < n; ++j) {
+        const size_t at = static_cast<size_t>(i * ldc + j);
+        // Each product's rounding is bounded by k units of the sum's magnitude (<= k here).
+        REQUIRE(std::abs(c[at] - expected[at]) <= tol * static_cast<double>(k + 1));
+      }
+  }
+}
+
+}  // namespace
+
+TEST_CASE("CPU GEMMs match a float64 triple loop in every layout", "[blas][matmul]") {
+  for (DType dtype : {DType::Float32, DType::Float64}) {
+    if (!jit::cpu_gemm_available(dtype)) {
+      WARN("no GEMM library for " << dtype_name(dtype) << " in this build: skipped");
+      continue;
+    }
+    if (dtype == DType::Float32)
+      check_random_gemms<float>(dtype, 17, 120, 1e-6);
+    else
+      check_random_gemms<double>(dtype, 18, 120, 1e-14);
+  }
+}
+
+TEST_CASE("CPU GEMMs from every pool thread at once give each thread's own product",
+          "[blas][matmul][threads]") {
+  if (!jit::cpu_gemm_available(DType::Float32)) {
+    WARN("no float32 GEMM library in this build: skipped");
+    return;
+  }
+  const int64_t parts = 4 * thread_pool().size();
+  const int64_t m = 48, n = 64, k = 96;
+  std::vector<std::vector<float>> a(static_cast<size_t>(parts)), c(static_cast<size_t>(parts));
+  std::vector<float> b(static_cast<size_t>(k * n));
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<float> value(-1, 1);
+  for (float& x : b) x = value(rng);
+  for (int64_t p = 0; p < parts; ++p) {
+    a[static_cast<size_t>(p)].resize(static_cast<size_t>(m * k));
+    for (float& x : a[static_cast<size_t>(p)]) x = value(rng);
+    c[static_cast<size_t>(p)].assign(static_cast<size_t>(m * n), 0.0f);
+  }
+  thread_pool().parallel_for(parts, 1, [&](int64_t lo, int64_t hi) {
+    for (int64_t p = lo; p < hi; ++p)
+      jit::cpu_gemm(DType::Float32, false, false, m, n, k, a[static_cast<size_t>(p)].data(), k,
+                    b.data(), n, false, c[static_cast<size_t>(p)].data(), n);
+  });
+  for (int64_t p = 0; p < parts; ++p) {
+    const std::vector<double> expected =
+        reference_gemm(false, false, m, n, k, a[static_cast<size_t>(p)], k, b, n,
+                       c[static_cast<size_t>(p)], n, false);
+    for (size_t i = 0; i < expected.size(); ++i)
+      REQUIRE(std::abs(c[static_cast<size_t>(p)][i] - expected[i]) <= 1e-6 * (k + 1));
+  }
+}
+
+TEST_CASE("the GEMM path names its library, version and kernels", "[blas]") {
+  for (DType dtype : {DType::Float32, DType::Float64}) {
+    const jit::GemmPath p = jit::gemm_path(dtype);
+    INFO(dtype_name(dtype) << ": " << p.library << " " << p.version << " " << p.kernels);
+    CHECK_FALSE(p.kernels.empty());
+    if (p.library == "none") {
+      CHECK_FALSE(jit::cpu_gemm_available(dtype));
+      continue;
+    }
+    CHECK(jit::cpu_gemm_available(dtype));
+    // "major.minor.patch": read from the library at run time, not from its headers.
+    CHECK(std::count(p.version.begin(), p.version.end(), '.') == 2);
+    if (p.library == "oneDNN") CHECK(dtype == DType::Float32);
+  }
+#if defined(__x86_64__)
+  // A generic path is only ever reported on a CPU with AVX2: that is what makes it a fault.
+  for (DType dtype : {DType::Float32, DType::Float64})
+    if (jit::gemm_path(dtype).generic) CHECK(__builtin_cpu_supports("avx2"));
+#endif
+}
