@@ -357,7 +357,7 @@ TEST_CASE("kernel cache: an unusable directory falls back to memory with one war
       CHECK(count(err, "\n") == 1);
       CHECK(err.find(dir) != std::string::npos);
       CHECK(cache.disk_records().empty());
-      CHECK(cache.verify().first == 0);
+      CHECK(cache.verify().ok == 0);
     }
   }
 }
@@ -429,18 +429,26 @@ TEST_CASE("kernel cache: verify reports and removes bad entries", "[cache]") {
   write_bytes(dir + "/0123456789abcdef0123456789abcdef.meta", "{}");  // orphan
 
   KernelCache cache(dir, 0);
-  auto [ok, removed] = cache.verify();
-  CHECK(ok == 1);
+  std::vector<CpuCompiler*> loaders = {&compiler};
+  VerifyReport report = cache.verify(loaders);
+  CHECK(report.ok == 1);
+  CHECK(report.load_checked == 1);
+  std::vector<std::string> removed;
+  for (const VerifyProblem& p : report.problems) {
+    CHECK(p.removed);
+    removed.push_back(p.key);
+  }
   std::vector<std::string> expected = {keys[0], keys[1]};
   std::sort(expected.begin(), expected.end());
   CHECK(removed == expected);
+  CHECK(report.stray_files_removed == 1);
   CHECK(entry_files(dir) == std::vector<std::string>{keys[2] + ".kk"});
   CHECK_FALSE(fs::exists(dir + "/" + keys[1] + ".meta"));
   CHECK_FALSE(fs::exists(dir + "/0123456789abcdef0123456789abcdef.meta"));
 
-  auto again = cache.verify();
-  CHECK(again.first == 1);
-  CHECK(again.second.empty());
+  VerifyReport again = cache.verify(loaders);
+  CHECK(again.ok == 1);
+  CHECK(again.problems.empty());
 }
 
 TEST_CASE("kernel cache: show by key prefix, clear", "[cache]") {
@@ -594,9 +602,9 @@ TEST_CASE("kernel cache: 4 processes share a fresh directory", "[cache]") {
   }
 
   KernelCache cache(tmp.cache(), 0);
-  auto [ok, removed] = cache.verify();
-  CHECK(ok == 7);  // 3 shared kernels + 1 per child
-  CHECK(removed.empty());
+  VerifyReport report = cache.verify();
+  CHECK(report.ok == 7);  // 3 shared kernels + 1 per child
+  CHECK(report.problems.empty());
   for (auto& p : fs::directory_iterator(tmp.cache()))
     CHECK(p.path().filename().string().rfind(".tmp-", 0) == std::string::npos);
   CountingCompiler compiler;
