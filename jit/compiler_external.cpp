@@ -16,6 +16,7 @@
 // nor $CXX can inject commands. $CXX is split on whitespace (as make does), so
 // CXX="ccache g++" works.
 #include <dlfcn.h>
+#include <elf.h>
 #include <fcntl.h>
 #include <spawn.h>
 #include <sys/mman.h>
@@ -29,6 +30,7 @@
 #include <cstring>
 #include <fstream>
 #include <iterator>
+#include <optional>
 #include <sstream>
 
 #include "core/error.h"
@@ -169,6 +171,43 @@ void replace_all(std::string& text, const std::string& from, const std::string& 
   if (from.empty()) return;
   for (size_t pos = 0; (pos = text.find(from, pos)) != std::string::npos; pos += to.size())
     text.replace(pos, from.size(), to);
+}
+
+// glibc trusts the file it maps: a segment reaching past the end of the file is mapped
+// anyway, and touching it kills the process with SIGBUS. So before dlopen the image must
+// be a shared object for this machine whose headers and loadable segments lie inside it.
+// This catches damage (truncation, a zeroed header), not malice: code in a well-formed
+// object runs when it is loaded (docs/kernel-cache.md, threat model).
+std::optional<std::string> shared_object_problem(const std::vector<uint8_t>& image) {
+  Elf64_Ehdr eh;
+  if (image.size() < sizeof eh) return "truncated: " + std::to_string(image.size()) + " bytes";
+  std::memcpy(&eh, image.data(), sizeof eh);
+  if (std::memcmp(eh.e_ident, ELFMAG, SELFMAG) != 0) return std::string("not an ELF file");
+#if defined(__x86_64__)
+  constexpr unsigned kMachine = EM_X86_64;
+#elif defined(__aarch64__)
+  constexpr unsigned kMachine = EM_AARCH64;
+#else
+  constexpr unsigned kMachine = EM_NONE;  // no machine check on other hosts
+#endif
+  if (eh.e_ident[EI_CLASS] != ELFCLASS64 || eh.e_type != ET_DYN ||
+      (kMachine != EM_NONE && eh.e_machine != kMachine))
+    return std::string("not a 64-bit shared object for this machine");
+  const uint64_t size = image.size();
+  auto inside = [size](uint64_t offset, uint64_t count, uint64_t each) {
+    return offset <= size && (each == 0 || count <= (size - offset) / each);
+  };
+  if (eh.e_phentsize != sizeof(Elf64_Phdr) || !inside(eh.e_phoff, eh.e_phnum, sizeof(Elf64_Phdr)))
+    return std::string("program headers lie outside the image");
+  if (eh.e_shoff != 0 && !inside(eh.e_shoff, eh.e_shnum, eh.e_shentsize))
+    return std::string("section headers lie outside the image");
+  for (unsigned i = 0; i < eh.e_phnum; ++i) {
+    Elf64_Phdr ph;
+    std::memcpy(&ph, image.data() + eh.e_phoff + i * sizeof ph, sizeof ph);
+    if (ph.p_type != PT_NULL && !inside(ph.p_offset, ph.p_filesz, 1))
+      return "segment " + std::to_string(i) + " lies outside the image";
+  }
+  return std::nullopt;
 }
 
 // Where a loaded image's file is: a memfd (fd >= 0, path = /proc/self/fd/N) or a file in a
@@ -333,6 +372,8 @@ class ExternalCompiler final : public CpuCompiler {
 
   std::unique_ptr<LoadedModule> load(const std::vector<uint8_t>& image) override {
     if (image.empty()) throw CompileError("[jit] cannot load an empty kernel image");
+    if (auto bad = shared_object_problem(image))
+      throw CompileError("[jit] cannot load kernel image: " + *bad);
     ImageFile file;
     void* handle = load_through_memfd(image, file);
     // A bad image fails both ways; the file's error is the one reported (it names no

@@ -129,6 +129,8 @@ using cache_files::ReadResult;
 // one fstat, not a read of all of it.
 constexpr size_t kMaxEntryBytes = size_t{256} << 20;
 constexpr size_t kMaxMetaBytes = size_t{64} << 10;
+// What the size cap counts for an entry's .meta before it exists (a .meta is ~130 bytes).
+constexpr size_t kMetaReserve = 256;
 
 // ---- entry format ----
 //
@@ -188,6 +190,7 @@ std::optional<std::string> parse_entry(const std::string& bytes, const std::stri
                                        size_t file_size, ParsedEntry& out) {
   if (file_size < kHeaderBytes)
     return "truncated: " + std::to_string(file_size) + " bytes, shorter than the header";
+  if (bytes.size() < kHeaderBytes) return std::string("short read");
   if (std::memcmp(bytes.data(), kMagic, sizeof kMagic) != 0)
     return std::string("not a kiln kernel cache entry (bad magic)");
   uint32_t version = static_cast<uint32_t>(get_le(bytes, 8, 4));
@@ -195,6 +198,7 @@ std::optional<std::string> parse_entry(const std::string& bytes, const std::stri
     return "stale format version " + std::to_string(version) + " (this kiln uses " +
            std::to_string(kFormatVersion) + ")";
   if (get_le(bytes, 12, 4) != kHeaderBytes) return std::string("bad header size");
+  if (get_le(bytes, 56, 8) != 0) return std::string("reserved header bytes are not zero");
   uint64_t meta_len = get_le(bytes, 16, 8), source_len = get_le(bytes, 24, 8),
            object_len = get_le(bytes, 32, 8);
   // Each length is bounded by the file size first, so the sum cannot overflow.
@@ -654,7 +658,7 @@ void KernelCache::store(Entry& e, const std::string& source, const std::vector<u
   e.disk_dir = directory_;
   // A .meta left by an earlier (evicted or discarded) entry of this key is stale.
   cache_files::remove_regular(directory_, key + kMetaSuffix);
-  enforce_cap(key, bytes.size() + 256);  // + room for its .meta
+  enforce_cap(key, bytes.size() + kMetaReserve);
 }
 
 // The cap holds across processes: each store's accounting runs under the directory's lock
@@ -680,16 +684,22 @@ void KernelCache::enforce_cap(const std::string& keep_key, size_t stored_bytes) 
   }
   struct Candidate {
     std::string key;
-    int64_t used_ns;
-    size_t bytes;
+    int64_t used_ns = 0;
+    size_t bytes = 0;
+    bool has_meta = false;
   };
   std::map<std::string, Candidate> by_key;
   for (const DirFile& f : cache_files::list(directory_)) {
     if (!f.regular() || (f.kind != NameKind::entry && f.kind != NameKind::meta)) continue;
-    Candidate& c = by_key.try_emplace(f.key, Candidate{f.key, 0, 0}).first->second;
+    Candidate& c = by_key.try_emplace(f.key, Candidate{f.key}).first->second;
     c.used_ns = std::max(c.used_ns, mtime_ns(f.st));
     c.bytes += static_cast<size_t>(f.st.st_size);
+    c.has_meta |= f.kind == NameKind::meta;
   }
+  // An entry's .meta is written at its process's next flush, after this count: it is
+  // reserved now, so the directory stays under the cap once it appears.
+  for (auto& [key, c] : by_key)
+    if (!c.has_meta) c.bytes += kMetaReserve;
   size_t total = 0;
   std::vector<Candidate> order;
   {

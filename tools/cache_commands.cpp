@@ -223,11 +223,11 @@ int cache_verify(const Invocation& inv) {
         std::cout << "bad " << p.path << ": " << p.reason << " (left in place)\n";
       }
     }
-    std::cout << report.ok << (report.ok == 1 ? " entry" : " entries") << " ok ("
-              << report.load_checked << " loaded), " << removed << " removed";
+    std::cout << report.ok << (report.ok == 1 ? " entry" : " entries") << " ok, " << removed
+              << " removed";
     if (report.problems.size() > removed)
       std::cout << ", " << report.problems.size() - removed << " bad left in place";
-    std::cout << "\n";
+    std::cout << " (" << report.load_checked << " of the good objects loaded and checked)\n";
   }
   return report.problems.empty() ? 0 : 1;
 }
