@@ -869,3 +869,54 @@ TEST_CASE("cache hostility: each external-compiler load is its own module", "[ca
     ::unsetenv("TMPDIR");
   CHECK(left.empty());
 }
+
+TEST_CASE("cache hostility: kiln cache verify loads objects and leaves what is not kiln's",
+          "[cache]") {
+  TempDir tmp;
+  const std::string dir = tmp.cache();
+  CountingCompiler compiler;
+  const std::string bad_key = KernelCache::key_for(kernel_source(401), compiler);
+  {
+    KernelCache cache(dir, 0);
+    cache.get(kernel_source(400), kEntry, {"add"}, compiler);
+  }
+  EntryParts bad = split_entry(entry_bytes(kernel_source(401), compiler));
+  std::fill_n(bad.object.begin(), std::min<size_t>(64, bad.object.size()), '\0');
+  write_bytes(dir + "/" + bad_key + ".kk", join_entry(bad));
+  write_bytes(dir + "/my.kk", "mine");
+  const std::string fifo_key(32, 'f');
+  REQUIRE(::mkfifo((dir + "/" + fifo_key + ".kk").c_str(), 0644) == 0);
+
+  auto verify = [&](const std::string& args, std::string& out) {
+    const std::string command = "'" + std::string(KILN_CLI_PATH) + "' --cache-dir '" + dir +
+                                "' cache verify " + args + " 2>'" + tmp.root() + "/cli-stderr.txt'";
+    FILE* f = ::popen(command.c_str(), "r");
+    REQUIRE(f != nullptr);
+    char buf[4096];
+    size_t n;
+    while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) out.append(buf, n);
+    int status = ::pclose(f);
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  };
+  std::string out;
+  int status = verify("", out);
+  INFO(out << read_bytes(tmp.root() + "/cli-stderr.txt"));
+  CHECK(status == 1);
+  CHECK(out.find("removed " + bad_key + ": object does not load") != std::string::npos);
+  CHECK(out.find("bad " + dir + "/" + fifo_key +
+                 ".kk: not a regular file (fifo) (left in place)") != std::string::npos);
+  CHECK(out.find("1 entry ok, 1 removed, 1 bad left in place (1 of the good objects loaded and "
+                 "checked)") != std::string::npos);
+  CHECK_FALSE(fs::exists(dir + "/" + bad_key + ".kk"));
+  CHECK(read_bytes(dir + "/my.kk") == "mine");
+  CHECK(fs::is_fifo(dir + "/" + fifo_key + ".kk"));
+
+  std::string json_out;
+  CHECK(verify("--json", json_out) == 1);
+  Json j = Json::parse(json_out);
+  CHECK(j.at("ok") == 1);
+  CHECK(j.at("load_checked") == 1);
+  CHECK(j.at("removed").empty());
+  REQUIRE(j.at("bad_left_in_place").size() == 1);
+  CHECK(j.at("bad_left_in_place")[0].at("key") == fifo_key);
+}
