@@ -920,3 +920,30 @@ TEST_CASE("cache hostility: kiln cache verify loads objects and leaves what is n
   REQUIRE(j.at("bad_left_in_place").size() == 1);
   CHECK(j.at("bad_left_in_place")[0].at("key") == fifo_key);
 }
+
+TEST_CASE("cache hostility: hard links under kiln's names are never written through", "[cache]") {
+  TempDir tmp;
+  const std::string dir = tmp.cache();
+  fs::create_directories(dir);
+  CountingCompiler compiler;
+  const std::string key = KernelCache::key_for(kernel_source(410), compiler);
+  const std::string victim = tmp.root() + "/victim.txt";
+  write_bytes(victim, "precious\n");
+  // The lock file is the one file kiln opens for writing by its final name; entries and
+  // .meta are replaced by rename, which never writes into the file a name links to.
+  for (const std::string& name : {std::string(".kiln-lock"), key + ".kk", key + ".meta"})
+    REQUIRE(::link(victim.c_str(), (dir + "/" + name).c_str()) == 0);
+  {
+    KernelCache cache(dir, size_t{1} << 30);
+    StderrCapture capture(tmp.root());
+    KernelHandle h = cache.get(kernel_source(410), kEntry, {"add"}, compiler);
+    cache.get(kernel_source(411), kEntry, {"add"}, compiler);
+    std::string err = capture.finish();
+    INFO(err);
+    CHECK(run(h, 1) == 413);
+    CHECK(count(err, "\n") == 1);  // the linked "entry" is not an entry
+    h.record->launches++;
+  }
+  CHECK(read_bytes(victim) == "precious\n");
+  CHECK(fs::hard_link_count(victim) == 2);  // only the lock's link is left
+}
