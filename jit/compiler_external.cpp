@@ -8,9 +8,9 @@
 // that neither a later load nor another process can alias while the module lives: an
 // anonymous memfd opened through /proc/self/fd/N, whose descriptor (and so its number and
 // inode) is held until dlclose; or, where memfd or /proc is unavailable, a file under a
-// per-load counter name in a private directory, removed only after dlclose. (Unlinking
-// right after dlopen let a later temporary reuse the inode while the first module was
-// still registered: the second dlopen returned the first module.)
+// per-load counter name in a private directory, removed only after dlclose. A file
+// unlinked right after dlopen frees its name and inode for reuse by a later temporary,
+// and dlopen may then hand back the earlier module in place of the new one.
 //
 // No shell is involved: arguments go straight to posix_spawnp, so neither the source path
 // nor $CXX can inject commands. $CXX is split on whitespace (as make does), so
@@ -232,6 +232,7 @@ class SharedObjectModule final : public LoadedModule {
         ::dlclose(still);
         return;  // the descriptor stays open for the life of the process
       }
+      ::dlerror();  // NOLOAD's "not loaded" is no error of anyone's
       ::close(file_.fd);
     } else {
       // Plain files have counter names never reused in this process, and the mapping of a

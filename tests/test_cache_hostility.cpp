@@ -947,3 +947,75 @@ TEST_CASE("cache hostility: hard links under kiln's names are never written thro
   CHECK(read_bytes(victim) == "precious\n");
   CHECK(fs::hard_link_count(victim) == 2);  // only the lock's link is left
 }
+
+namespace {
+
+// The process's compiler, with a hook run inside the first load() (which then fails, as a
+// link error would) and a note, at each compile(), of what is on disk under `watched`.
+class HookedCompiler final : public CpuCompiler {
+ public:
+  std::function<void()> first_load;
+  std::string watched;
+  std::vector<ino_t> inode_at_compile;  // 0 = no file
+
+  std::string name() const override { return cpu_compiler().name(); }
+  std::string identity() const override { return cpu_compiler().identity(); }
+  std::vector<uint8_t> compile(const std::string& source, const std::string& hint) override {
+    struct stat st {};
+    inode_at_compile.push_back(::lstat(watched.c_str(), &st) == 0 ? st.st_ino : 0);
+    return cpu_compiler().compile(source, hint);
+  }
+  std::unique_ptr<LoadedModule> load(const std::vector<uint8_t>& image) override {
+    if (first_load) {
+      auto hook = std::move(first_load);
+      first_load = nullptr;
+      hook();
+      throw CompileError("[jit] simulated link failure");
+    }
+    return cpu_compiler().load(image);
+  }
+};
+
+}  // namespace
+
+TEST_CASE("cache hostility: a discarded entry is removed only if it is still the file read",
+          "[cache]") {
+  const int add = 420;
+  CountingCompiler seed;
+  const std::string good = entry_bytes(kernel_source(add), seed);
+  const std::string key = KernelCache::key_for(kernel_source(add), seed);
+  for (bool replaced : {false, true}) {
+    DYNAMIC_SECTION((replaced ? "replaced by a concurrent writer" : "unchanged")) {
+      TempDir tmp;
+      const std::string dir = tmp.cache();
+      fs::create_directories(dir);
+      const std::string path = dir + "/" + key + ".kk";
+      write_bytes(path, good);
+      ino_t fresh = 0;
+      HookedCompiler compiler;
+      compiler.watched = path;
+      compiler.first_load = [&] {
+        if (!replaced) return;
+        // Another process stores a fresh entry while this one is failing to load the old.
+        write_bytes(dir + "/fresh", good);
+        fs::rename(dir + "/fresh", path);
+        struct stat st {};
+        REQUIRE(::lstat(path.c_str(), &st) == 0);
+        fresh = st.st_ino;
+      };
+      KernelCache cache(dir, 0);
+      StderrCapture capture(tmp.root());
+      KernelHandle h = cache.get(kernel_source(add), kEntry, {"add"}, compiler);
+      std::string err = capture.finish();
+      INFO(err);
+      CHECK(run(h, 1) == 3 + add);
+      CHECK(count(err, "object does not load: [jit] simulated link failure") == 1);
+      REQUIRE(compiler.inode_at_compile.size() == 1);
+      if (replaced) {
+        CHECK(compiler.inode_at_compile[0] == fresh);  // the fresh entry survived the discard
+      } else {
+        CHECK(compiler.inode_at_compile[0] == 0);  // the bad one was removed
+      }
+    }
+  }
+}
