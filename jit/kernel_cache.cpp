@@ -3,11 +3,17 @@
 // Invariants and decisions:
 // * An entry file is never modified in place. It is written whole to a temporary file in
 //   the same directory and renamed over `<key>.kk`, so a reader sees either no entry or a
-//   complete one, whatever other processes do. No directory lock is needed.
+//   complete one, whatever other processes do. Only the size accounting takes a lock
+//   (the directory's lock file), so that the cap holds across processes.
+// * Every file access goes through cache_files (no symlink followed, only regular files
+//   of bounded size read, only kiln's own names removed): the directory may be shared
+//   with users who plant files in it.
 // * Nothing read from disk is trusted before its header, length, checksum and key have
-//   been checked. The key is recomputed from the stored source, compiler identity and CPU
-//   features, so a file copied under another name, or built by another compiler or for
-//   another CPU, is rejected even if its checksum is intact.
+//   been checked, and its object has been loaded with its entry point resolved. The key is
+//   recomputed from the stored source, compiler identity and CPU features, so a file
+//   copied under another name, or built by another compiler or for another CPU, is
+//   rejected even if its checksum is intact. The checksum detects damage, not intent:
+//   anyone who can write the directory can write a valid entry (docs/kernel-cache.md).
 // * Mutable metadata (hits, last use, launches) lives in a separate small `<key>.meta`
 //   file, also replaced atomically. Updates are merged best-effort: a flush adds this
 //   process's increments to what is on disk at that moment; two processes flushing at
@@ -34,8 +40,11 @@
 #include <functional>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <set>
+#include <string_view>
 
 #include "core/error.h"
+#include "jit/cache_files.h"
 #include "jit/compiler.h"
 #include "jit/hash.h"
 
@@ -50,9 +59,8 @@ using Clock = std::chrono::steady_clock;
 constexpr uint32_t kFormatVersion = 1;
 constexpr char kMagic[8] = {'K', 'I', 'L', 'N', 'K', 'C', '0', '1'};
 constexpr size_t kHeaderBytes = 64;
-constexpr const char* kEntrySuffix = ".kk";
-constexpr const char* kMetaSuffix = ".meta";
-constexpr const char* kTempPrefix = ".tmp-";
+using cache_files::kEntrySuffix;
+using cache_files::kMetaSuffix;
 
 int64_t now_unix() { return static_cast<int64_t>(std::time(nullptr)); }
 int64_t now_ns() {
@@ -94,17 +102,6 @@ std::string join(const std::vector<std::string>& items, const char* sep) {
   return out;
 }
 
-bool is_key(const std::string& s) {
-  return s.size() == 32 && std::all_of(s.begin(), s.end(), [](char c) {
-           return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f');
-         });
-}
-
-bool ends_with(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() &&
-         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
-
 // ---- little-endian header fields ----
 
 void put_u32(std::string& out, uint32_t v) {
@@ -119,99 +116,21 @@ uint64_t get_le(const std::string& in, size_t at, int bytes) {
   return v;
 }
 
-// ---- files ----
+// ---- files (every access goes through cache_files) ----
 
-struct FileId {
-  dev_t dev = 0;
-  ino_t ino = 0;
-};
+using cache_files::DirFile;
+using cache_files::FileId;
+using cache_files::mtime_ns;
+using cache_files::NameKind;
+using cache_files::ReadResult;
 
-// Reads up to `limit` bytes of `path` (all of it when limit is 0). Returns 0 or an errno.
-int read_file(const std::string& path, std::string& out, FileId* id = nullptr, size_t limit = 0) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return errno;
-  struct stat st {};
-  if (::fstat(fd, &st) != 0) {
-    int err = errno;
-    ::close(fd);
-    return err;
-  }
-  if (id) *id = {st.st_dev, st.st_ino};
-  size_t want = static_cast<size_t>(st.st_size);
-  if (limit && limit < want) want = limit;
-  out.resize(want);
-  size_t got = 0;
-  while (got < want) {
-    ssize_t n = ::read(fd, out.data() + got, want - got);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) {
-      int err = errno;
-      ::close(fd);
-      return err;
-    }
-    if (n == 0) break;  // shrank while reading; the length check reports it
-    got += static_cast<size_t>(n);
-  }
-  out.resize(got);
-  ::close(fd);
-  return 0;
-}
-
-// Writes `bytes` to a fresh temporary file next to `path` and renames it over `path`.
-// Returns "" or the reason it failed (the temporary file is removed then).
-std::string write_atomically(const std::string& directory, const std::string& path,
-                             const std::string& bytes) {
-  static std::atomic<uint64_t> counter{0};
-  std::string temp = directory + "/" + kTempPrefix + std::to_string(::getpid()) + "-" +
-                     std::to_string(counter.fetch_add(1)) + "-" +
-                     std::filesystem::path(path).filename().string();
-  int fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-  if (fd < 0) return std::strerror(errno);
-  const char* p = bytes.data();
-  size_t left = bytes.size();
-  while (left > 0) {
-    ssize_t n = ::write(fd, p, left);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      std::string why = n < 0 ? std::strerror(errno) : "short write";
-      ::close(fd);
-      ::unlink(temp.c_str());
-      return why;
-    }
-    p += n;
-    left -= static_cast<size_t>(n);
-  }
-  if (::close(fd) != 0 || ::rename(temp.c_str(), path.c_str()) != 0) {
-    std::string why = std::strerror(errno);
-    ::unlink(temp.c_str());
-    return why;
-  }
-  return "";
-}
-
-struct DirFile {
-  std::string name;
-  struct stat st;
-};
-
-std::vector<DirFile> list_directory(const std::string& directory) {
-  std::vector<DirFile> files;
-  DIR* dir = ::opendir(directory.c_str());
-  if (!dir) return files;
-  while (dirent* e = ::readdir(dir)) {
-    std::string name = e->d_name;
-    if (name == "." || name == "..") continue;
-    struct stat st {};
-    if (::stat((directory + "/" + name).c_str(), &st) != 0 || !S_ISREG(st.st_mode)) continue;
-    files.push_back({name, st});
-  }
-  ::closedir(dir);
-  return files;
-}
-
-int64_t mtime_ns(const struct stat& st) {
-  return static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
-}
+// No kernel entry comes near these sizes (objects are kilobytes, CUDA images at most a few
+// megabytes); a larger file is refused unread, so a planted sparse file of gigabytes costs
+// one fstat, not a read of all of it.
+constexpr size_t kMaxEntryBytes = size_t{256} << 20;
+constexpr size_t kMaxMetaBytes = size_t{64} << 10;
+// What the size cap counts for an entry's .meta before it exists (a .meta is ~130 bytes).
+constexpr size_t kMetaReserve = 256;
 
 // ---- entry format ----
 //
@@ -271,6 +190,7 @@ std::optional<std::string> parse_entry(const std::string& bytes, const std::stri
                                        size_t file_size, ParsedEntry& out) {
   if (file_size < kHeaderBytes)
     return "truncated: " + std::to_string(file_size) + " bytes, shorter than the header";
+  if (bytes.size() < kHeaderBytes) return std::string("short read");
   if (std::memcmp(bytes.data(), kMagic, sizeof kMagic) != 0)
     return std::string("not a kiln kernel cache entry (bad magic)");
   uint32_t version = static_cast<uint32_t>(get_le(bytes, 8, 4));
@@ -278,6 +198,7 @@ std::optional<std::string> parse_entry(const std::string& bytes, const std::stri
     return "stale format version " + std::to_string(version) + " (this kiln uses " +
            std::to_string(kFormatVersion) + ")";
   if (get_le(bytes, 12, 4) != kHeaderBytes) return std::string("bad header size");
+  if (get_le(bytes, 56, 8) != 0) return std::string("reserved header bytes are not zero");
   uint64_t meta_len = get_le(bytes, 16, 8), source_len = get_le(bytes, 24, 8),
            object_len = get_le(bytes, 32, 8);
   // Each length is bounded by the file size first, so the sum cannot overflow.
@@ -331,10 +252,10 @@ struct MetaState {
 
 MetaState read_meta(const std::string& path, const std::string& key) {
   MetaState m;
-  std::string text;
-  if (read_file(path, text) != 0) return m;
+  ReadResult f = cache_files::read_file(path, kMaxMetaBytes);
+  if (f.status != ReadResult::ok) return m;
   try {
-    Json j = Json::parse(text);
+    Json j = Json::parse(f.bytes);
     if (j.at("key").get<std::string>() != key) return m;
     m.last_used_unix = j.at("last_used_unix").get<int64_t>();
     m.hits = j.at("hits").get<uint64_t>();
@@ -353,8 +274,94 @@ void merge_meta(KernelRecord& r, const MetaState& m) {
   r.run_ms_total = m.run_ms_total;
 }
 
+// A reason on one line: loader errors (ORC's in particular) span several.
+std::string one_line(std::string text) {
+  while (!text.empty() && (text.back() == '\n' || text.back() == ' ')) text.pop_back();
+  for (size_t at = 0; (at = text.find('\n', at)) != std::string::npos;) text.replace(at, 1, "; ");
+  return text;
+}
+
 void warn_discard(const std::string& path, const std::string& why) {
-  print_line("kiln: warning: discarding corrupt kernel cache entry " + path + ": " + why);
+  print_line("kiln: warning: discarding corrupt kernel cache entry " + path + ": " + one_line(why));
+}
+
+std::string without_trailing_slashes(std::string dir) {
+  while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
+  return dir;
+}
+
+std::vector<std::string> split_directories(const std::string& spec) {
+  std::vector<std::string> out;
+  size_t start = 0;
+  while (true) {
+    size_t colon = spec.find(':', start);
+    out.push_back(
+        spec.substr(start, colon == std::string::npos ? std::string::npos : colon - start));
+    if (colon == std::string::npos) break;
+    start = colon + 1;
+  }
+  return out;
+}
+
+// "" when `dir` is a directory this process can list, else why not.
+std::string unreadable_reason(const std::string& dir) {
+  DIR* d = ::opendir(dir.c_str());
+  if (!d) return std::strerror(errno);
+  ::closedir(d);
+  return "";
+}
+
+bool is_device_target(const std::string& target) {
+  return target.rfind("sm_", 0) == 0 || target.rfind("compute_", 0) == 0;
+}
+
+// The load check of a device image, which cannot be loaded without a GPU: CUBIN is an ELF
+// file for the CUDA machine (EM_CUDA = 190), PTX is text naming its target.
+std::optional<std::string> image_problem(const std::vector<uint8_t>& image) {
+  if (image.empty()) return std::string("empty device image");
+  if (image.size() >= 4 && std::memcmp(image.data(),
+                                       "\x7f"
+                                       "ELF",
+                                       4) == 0) {
+    if (image.size() < 52) return std::string("truncated ELF header");
+    const unsigned machine = image[18] | (unsigned{image[19]} << 8);
+    if (machine != 190) return "ELF image for machine " + std::to_string(machine) + ", not CUDA";
+    return std::nullopt;
+  }
+  std::string_view text(reinterpret_cast<const char*>(image.data()), image.size());
+  if (!text.empty() && text.back() == '\0') text.remove_suffix(1);  // NVRTC's PTX ends in NUL
+  if (text.find('\0') == std::string_view::npos &&
+      text.find(".version") != std::string_view::npos &&
+      text.find(".target") != std::string_view::npos)
+    return std::nullopt;
+  return std::string("neither a CUBIN nor a PTX image");
+}
+
+// Loads a verified entry's object with the compiler that built it and resolves its entry
+// point. Returns the reason it fails ("" when it loads, or when no loader applies).
+std::string load_check(const ParsedEntry& p, const std::vector<CpuCompiler*>& loaders,
+                       bool& loaded) {
+  loaded = false;
+  const std::vector<uint8_t> object(p.object.begin(), p.object.end());
+  if (is_device_target(p.record.target)) {
+    if (auto bad = image_problem(object)) return *bad;
+    return "";
+  }
+  // Another machine's object (a shared directory) is checked by checksum and key only.
+  if (p.record.target != host_cpu_features()) return "";
+  for (CpuCompiler* compiler : loaders) {
+    if (!compiler || compiler->identity() != p.record.compiler) continue;
+    try {
+      std::unique_ptr<LoadedModule> module = compiler->load(object);
+      if (!module) return "object does not load";
+      module->symbol(p.record.name);
+      loaded = true;
+      return "";
+    } catch (const std::exception& e) {
+      return std::string("object does not load: ") + e.what();
+    }
+  }
+  return "";
 }
 
 }  // namespace
@@ -362,8 +369,8 @@ void warn_discard(const std::string& path, const std::string& why) {
 // One key's state. Entries are never erased, so KernelHandle::record stays valid for the
 // cache's lifetime. `mutex` is held while the entry is filled (disk load or compile), which
 // is what makes concurrent requests for one key compile once. Lock order: entry mutex,
-// then disk_mutex_, then map_mutex_, then stats_mutex_; map_mutex_ is never held while
-// waiting for an entry.
+// then disk_mutex_ (then the directory's lock file), then map_mutex_, then stats_mutex_;
+// map_mutex_ is never held while waiting for an entry.
 struct KernelCache::Entry {
   std::mutex mutex;
   bool ready = false;
@@ -371,6 +378,7 @@ struct KernelCache::Entry {
   std::map<std::string, void*> symbols;
   std::vector<uint8_t> image;  // device images
   KernelRecord record;
+  std::string disk_dir;  // the directory holding its disk entry ("" = none known)
   // Values of the record's counters last agreed with disk; a flush adds the difference.
   uint64_t synced_hits = 0, synced_launches = 0;
   double synced_run_ms = 0;
@@ -378,42 +386,48 @@ struct KernelCache::Entry {
   std::atomic<int64_t> last_used_ns{0};  // read by eviction without the entry lock
 };
 
-KernelCache::KernelCache(std::string directory, size_t max_bytes)
-    : directory_(std::move(directory)), max_bytes_(max_bytes) {
-  while (directory_.size() > 1 && directory_.back() == '/') directory_.pop_back();
-  if (directory_.empty()) return;
+KernelCache::KernelCache(std::string directories, size_t max_bytes) : max_bytes_(max_bytes) {
+  std::vector<std::string> dirs = split_directories(directories);
+  std::string last = without_trailing_slashes(dirs.back());
+  dirs.pop_back();
+  for (std::string& d : dirs) {
+    d = without_trailing_slashes(d);
+    if (d.empty()) continue;
+    if (std::string why = unreadable_reason(d); !why.empty())
+      print_line("kiln: warning: read-only kernel cache directory " + d + " cannot be read (" +
+                 why + "); ignoring it");
+    else
+      read_only_.push_back(d);
+  }
+  if (last.empty() || last == "off") return;
+  directory_ = last;
   // Probe by creating a file: permission bits alone do not say whether we may write
   // (root, ACLs, read-only mounts).
   std::error_code ec;
   std::filesystem::create_directories(directory_, ec);
-  std::string why;
-  if (ec) {
-    why = ec.message();
-  } else {
-    std::string probe = directory_ + "/" + kTempPrefix + "probe-" + std::to_string(::getpid());
-    int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0) {
-      why = std::strerror(errno);
-    } else {
-      ::close(fd);
-      ::unlink(probe.c_str());
-    }
-  }
-  if (!why.empty()) {
-    print_line("kiln: warning: kernel cache directory " + directory_ + " is not usable (" + why +
-               "); caching kernels in memory only");
+  const std::string why = ec ? ec.message() : cache_files::probe_writable(directory_);
+  if (why.empty()) {
+    disk_enabled_ = true;
     return;
   }
-  disk_enabled_ = true;
+  if (!ec && unreadable_reason(directory_).empty()) {
+    // A pre-populated cache on a read-only image: its entries are still worth loading.
+    read_only_.insert(read_only_.begin(), directory_);
+    print_line("kiln: warning: kernel cache directory " + directory_ + " is not writable (" + why +
+               "); reading its entries, keeping new kernels in memory only");
+    return;
+  }
+  print_line("kiln: warning: kernel cache directory " + directory_ + " is not usable (" + why +
+             "); caching kernels in memory only");
 }
 
 KernelCache::~KernelCache() { flush(); }
 
-std::string KernelCache::entry_path(const std::string& key) const {
-  return directory_ + "/" + key + kEntrySuffix;
-}
-std::string KernelCache::meta_path(const std::string& key) const {
-  return directory_ + "/" + key + kMetaSuffix;
+std::vector<std::string> KernelCache::search_order() const {
+  std::vector<std::string> dirs;
+  if (disk_enabled_) dirs.push_back(directory_);
+  dirs.insert(dirs.end(), read_only_.begin(), read_only_.end());
+  return dirs;
 }
 
 std::string KernelCache::key_for(const std::string& source, CpuCompiler& compiler) {
@@ -439,8 +453,10 @@ struct KernelCache::Builder {
   std::string identity, target;
   const char* source_suffix;  // of the source path hint in compiler messages
   std::function<std::vector<uint8_t>(const std::string& source, const std::string& hint)> compile;
-  // Makes `entry` usable from `object`; throws CompileError when the object does not load.
-  std::function<void(Entry& entry, std::vector<uint8_t> object)> install;
+  // Makes `entry` usable from `object`, including resolving `entry_point` (for ORC the
+  // lookup is when the object is linked); throws when the object does not load.
+  std::function<void(Entry& entry, std::vector<uint8_t> object, const std::string& entry_point)>
+      install;
 };
 
 KernelCache::Entry& KernelCache::ready_entry(const std::string& source,
@@ -468,9 +484,14 @@ KernelHandle KernelCache::get(const std::string& source, const std::string& entr
   Builder builder{
       compiler.identity(), host_cpu_features(), ".cpp",
       [&](const std::string& src, const std::string& hint) { return compiler.compile(src, hint); },
-      [&](Entry& entry, std::vector<uint8_t> object) {
-        entry.module = compiler.load(object);
-        if (!entry.module) throw CompileError("[kernel cache] object does not load");
+      [&](Entry& entry, std::vector<uint8_t> object, const std::string& entry_point) {
+        std::unique_ptr<LoadedModule> module = compiler.load(object);
+        if (!module) throw CompileError("[kernel cache] object does not load");
+        void* fn = module->symbol(entry_point);
+        if (!fn)
+          throw CompileError("[kernel cache] object has no entry point '" + entry_point + "'");
+        entry.module = std::move(module);
+        entry.symbols[entry_point] = fn;
       }};
   std::unique_lock<std::mutex> lock;
   Entry& e = ready_entry(source, entry_name, source_ops, builder, lock);
@@ -491,8 +512,8 @@ ImageHandle KernelCache::get_image(const std::string& source, const std::string&
   Builder builder{
       compiler.identity(), compiler.target(), ".cu",
       [&](const std::string& src, const std::string& hint) { return compiler.compile(src, hint); },
-      [](Entry& entry, std::vector<uint8_t> object) {
-        if (object.empty()) throw CompileError("[kernel cache] empty device image");
+      [](Entry& entry, std::vector<uint8_t> object, const std::string&) {
+        if (auto bad = image_problem(object)) throw CompileError("[kernel cache] " + *bad);
         entry.image = std::move(object);
       }};
   std::unique_lock<std::mutex> lock;
@@ -503,10 +524,10 @@ ImageHandle KernelCache::get_image(const std::string& source, const std::string&
 void KernelCache::fill(Entry& e, const std::string& source, const std::string& entry_name,
                        const std::vector<std::string>& source_ops, const Builder& builder) {
   std::string reason = "not in memory or on disk";
-  if (disk_enabled_) {
+  if (!search_order().empty()) {
     std::string why;
     if (load_from_disk(e, builder, why)) return;
-    if (!why.empty()) reason = "disk entry corrupt: " + why;
+    if (!why.empty()) reason = "disk entry corrupt: " + one_line(why);
   } else {
     reason = "not in memory (no disk cache)";
   }
@@ -521,7 +542,9 @@ void KernelCache::fill(Entry& e, const std::string& source, const std::string& e
   // The hint names the kernel in compiler diagnostics; no file of that name need exist.
   std::vector<uint8_t> object = builder.compile(source, "kiln_" + key + builder.source_suffix);
   const size_t object_bytes = object.size();
-  builder.install(e, disk_enabled_ ? object : std::move(object));
+  // An object that does not load, or lacks the entry point, is never stored: later
+  // processes would only discard it.
+  builder.install(e, disk_enabled_ ? object : std::move(object), entry_name);
   const double compile_ms = ms_since(start);
 
   KernelRecord& r = e.record;
@@ -546,19 +569,30 @@ void KernelCache::fill(Entry& e, const std::string& source, const std::string& e
   if (disk_enabled_) store(e, source, object);
 }
 
+// The written directory first: it holds what this machine compiled most recently, and a
+// bad entry of a read-only layer is then replaced there after its first discard.
 bool KernelCache::load_from_disk(Entry& e, const Builder& builder, std::string& why) {
+  for (const std::string& dir : search_order()) {
+    std::string bad;
+    if (load_from(dir, e, builder, bad)) return true;
+    if (why.empty()) why = bad;
+  }
+  return false;
+}
+
+bool KernelCache::load_from(const std::string& dir, Entry& e, const Builder& builder,
+                            std::string& why) {
   const std::string& key = e.record.key;
-  const std::string path = entry_path(key);
+  const std::string name = key + kEntrySuffix;
+  const std::string path = dir + "/" + name;
   const auto start = Clock::now();
-  std::string bytes;
-  FileId id;
-  int err = read_file(path, bytes, &id);
-  if (err == ENOENT) return false;
+  ReadResult f = cache_files::read_file(path, kMaxEntryBytes);
+  if (f.status == ReadResult::missing) return false;
 
   ParsedEntry parsed;
-  if (err != 0) {
-    why = std::string("cannot read: ") + std::strerror(err);
-  } else if (auto bad = parse_entry(bytes, key, true, bytes.size(), parsed)) {
+  if (f.status == ReadResult::bad) {
+    why = f.why;
+  } else if (auto bad = parse_entry(f.bytes, key, true, f.bytes.size(), parsed)) {
     why = *bad;
   } else if (parsed.record.compiler != builder.identity || parsed.record.target != builder.target) {
     // Unreachable unless the hash collides; checked because running an object built for
@@ -566,7 +600,9 @@ bool KernelCache::load_from_disk(Entry& e, const Builder& builder, std::string& 
     why = "built by another compiler or for another target";
   } else {
     try {
-      builder.install(e, std::vector<uint8_t>(parsed.object.begin(), parsed.object.end()));
+      // The entry point the entry was stored for: the load check of the object.
+      builder.install(e, std::vector<uint8_t>(parsed.object.begin(), parsed.object.end()),
+                      parsed.record.name);
     } catch (const std::exception& ex) {
       why = std::string("object does not load: ") + ex.what();
     }
@@ -574,14 +610,13 @@ bool KernelCache::load_from_disk(Entry& e, const Builder& builder, std::string& 
 
   if (!why.empty()) {
     e.module.reset();
+    e.symbols.clear();
     e.image.clear();
     warn_discard(path, why);
-    // Remove only the file we read: another process may have replaced it meanwhile.
-    struct stat st {};
-    if (::stat(path.c_str(), &st) == 0 && st.st_dev == id.dev && st.st_ino == id.ino) {
-      ::unlink(path.c_str());
-      ::unlink(meta_path(key).c_str());
-    }
+    // Only the written directory is kiln's to change, and there only the file that was
+    // read: another process may have replaced it with a good entry meanwhile.
+    if (disk_enabled_ && dir == directory_ && cache_files::remove_regular(dir, name, &f.id))
+      cache_files::remove_regular(dir, key + kMetaSuffix);
     std::lock_guard<std::mutex> lock(stats_mutex_);
     counters_.disk_errors++;
     return false;
@@ -589,7 +624,8 @@ bool KernelCache::load_from_disk(Entry& e, const Builder& builder, std::string& 
 
   KernelRecord& r = e.record;
   r = parsed.record;
-  merge_meta(r, read_meta(meta_path(key), key));
+  merge_meta(r, read_meta(dir + "/" + key + kMetaSuffix, key));
+  e.disk_dir = dir;
   e.synced_hits = r.hits;
   e.synced_launches = r.launches;
   e.synced_run_ms = r.run_ms_total;
@@ -599,7 +635,7 @@ bool KernelCache::load_from_disk(Entry& e, const Builder& builder, std::string& 
   e.dirty = true;
   e.ready = true;
   const double load_ms = ms_since(start);
-  if (debug_log()) print_line("kiln: debug: load " + key + " (" + r.name + ") from disk");
+  if (debug_log()) print_line("kiln: debug: load " + key + " (" + r.name + ") from " + dir);
   std::lock_guard<std::mutex> lock(stats_mutex_);
   counters_.disk_hits++;
   counters_.load_ms_total += load_ms;
@@ -607,56 +643,63 @@ bool KernelCache::load_from_disk(Entry& e, const Builder& builder, std::string& 
 }
 
 void KernelCache::store(Entry& e, const std::string& source, const std::vector<uint8_t>& object) {
-  const std::string path = entry_path(e.record.key);
+  const std::string& key = e.record.key;
   const std::string bytes = encode_entry(e.record, source, object);
-  std::string why = write_atomically(directory_, path, bytes);
+  std::string why = cache_files::write_atomically(directory_, key + kEntrySuffix, bytes);
   if (!why.empty()) {
-    // Once per process: a full disk would otherwise print a line per kernel.
-    static std::atomic<bool> warned{false};
-    if (!warned.exchange(true))
-      print_line("kiln: warning: cannot write kernel cache entry " + path + ": " + why +
-                 " (kernels stay cached in memory)");
+    // Once per cache: a full disk would otherwise print a line per kernel.
+    if (!write_warned_.exchange(true))
+      print_line("kiln: warning: cannot write kernel cache entry " + directory_ + "/" + key +
+                 kEntrySuffix + ": " + why + " (kernels stay cached in memory)");
     std::lock_guard<std::mutex> lock(stats_mutex_);
     counters_.disk_errors++;
     return;
   }
+  e.disk_dir = directory_;
   // A .meta left by an earlier (evicted or discarded) entry of this key is stale.
-  ::unlink(meta_path(e.record.key).c_str());
-  enforce_cap(e.record.key, bytes.size() + 256);  // + room for its .meta
+  cache_files::remove_regular(directory_, key + kMetaSuffix);
+  enforce_cap(key, bytes.size() + kMetaReserve);
 }
 
-// Least recently used first: a disk entry's last use is the newest of its file times (a
-// flush rewrites .meta) and, for kernels loaded here, the in-memory last use, which may
-// not have been flushed yet.
+// The cap holds across processes: each store's accounting runs under the directory's lock
+// file. The lock file also keeps the directory's size (last scan + stores since), so most
+// stores only add to it; a scan recounts when the sum would pass the cap, every
+// kRescanStores stores (catching changes made without the lock), or when the lock cannot
+// be had. Over the cap, the least recently used entries go until the directory is at 90%
+// of it, so the next stores fit without a scan each. An entry's last use is the newest of
+// its file times (a flush rewrites .meta) and, for kernels loaded here, the in-memory last
+// use, which may not have been flushed yet.
 void KernelCache::enforce_cap(const std::string& keep_key, size_t stored_bytes) {
   if (max_bytes_ == 0) return;
   std::lock_guard<std::mutex> disk_lock(disk_mutex_);
-  // A scan stats every file, which a large cache makes slow; most stores only need the
-  // running estimate. Other processes' stores are caught by the periodic rescan.
-  constexpr unsigned kRescanStores = 64;
-  if (estimate_valid_ && ++stores_since_scan_ < kRescanStores &&
-      disk_bytes_estimate_ + stored_bytes <= max_bytes_) {
-    disk_bytes_estimate_ += stored_bytes;
+  cache_files::DirectoryLock lock(directory_);
+  constexpr uint64_t kRescanStores = 64;
+  cache_files::DirectoryLock::Accounting account = lock.read();
+  if (account.valid && account.stores_since_scan + 1 < kRescanStores &&
+      account.bytes + stored_bytes <= max_bytes_) {
+    account.bytes += stored_bytes;
+    account.stores_since_scan++;
+    lock.write(account);
     return;
   }
-  stores_since_scan_ = 0;
   struct Candidate {
     std::string key;
-    int64_t used_ns;
-    size_t bytes;
+    int64_t used_ns = 0;
+    size_t bytes = 0;
+    bool has_meta = false;
   };
   std::map<std::string, Candidate> by_key;
-  for (const DirFile& f : list_directory(directory_)) {
-    std::string key;
-    if (ends_with(f.name, kEntrySuffix))
-      key = f.name.substr(0, f.name.size() - 3);
-    else if (ends_with(f.name, kMetaSuffix))
-      key = f.name.substr(0, f.name.size() - 5);
-    if (!is_key(key)) continue;
-    Candidate& c = by_key.try_emplace(key, Candidate{key, 0, 0}).first->second;
+  for (const DirFile& f : cache_files::list(directory_)) {
+    if (!f.regular() || (f.kind != NameKind::entry && f.kind != NameKind::meta)) continue;
+    Candidate& c = by_key.try_emplace(f.key, Candidate{f.key}).first->second;
     c.used_ns = std::max(c.used_ns, mtime_ns(f.st));
     c.bytes += static_cast<size_t>(f.st.st_size);
+    c.has_meta |= f.kind == NameKind::meta;
   }
+  // An entry's .meta is written at its process's next flush, after this count: it is
+  // reserved now, so the directory stays under the cap once it appears.
+  for (auto& [key, c] : by_key)
+    if (!c.has_meta) c.bytes += kMetaReserve;
   size_t total = 0;
   std::vector<Candidate> order;
   {
@@ -669,32 +712,35 @@ void KernelCache::enforce_cap(const std::string& keep_key, size_t stored_bytes) 
       if (key != keep_key) order.push_back(c);
     }
   }
-  estimate_valid_ = true;
-  disk_bytes_estimate_ = total;
-  if (total <= max_bytes_) return;
-  std::sort(order.begin(), order.end(),
-            [](const Candidate& a, const Candidate& b) { return a.used_ns < b.used_ns; });
   uint64_t evicted = 0;
-  for (const Candidate& c : order) {
-    if (total <= max_bytes_) break;
-    ::unlink(entry_path(c.key).c_str());
-    ::unlink(meta_path(c.key).c_str());
-    total -= std::min(total, c.bytes);
-    evicted++;
-    disk_bytes_estimate_ = total;
-    if (debug_log()) print_line("kiln: debug: evict " + c.key + " (cache over its size cap)");
+  if (total > max_bytes_) {
+    const size_t low_water = max_bytes_ / 10 * 9;
+    std::sort(order.begin(), order.end(),
+              [](const Candidate& a, const Candidate& b) { return a.used_ns < b.used_ns; });
+    for (const Candidate& c : order) {
+      if (total <= low_water) break;
+      cache_files::remove_regular(directory_, c.key + kEntrySuffix);
+      cache_files::remove_regular(directory_, c.key + kMetaSuffix);
+      total -= std::min(total, c.bytes);
+      evicted++;
+      if (debug_log()) print_line("kiln: debug: evict " + c.key + " (cache over its size cap)");
+    }
   }
-  std::lock_guard<std::mutex> lock(stats_mutex_);
+  lock.write({true, total, 0});
+  std::lock_guard<std::mutex> stats_lock(stats_mutex_);
   counters_.evictions += evicted;
 }
 
 void KernelCache::flush_entry(Entry& e) {
   KernelRecord& r = e.record;
-  if (!e.ready || (!e.dirty && r.launches == e.synced_launches)) return;
+  if (!e.ready || e.disk_dir != directory_ || (!e.dirty && r.launches == e.synced_launches)) return;
   // An entry evicted or cleared on disk gets no orphan .meta.
   struct stat st {};
-  if (::stat(entry_path(r.key).c_str(), &st) != 0) return;
-  MetaState m = read_meta(meta_path(r.key), r.key);
+  const std::string entry = directory_ + "/" + r.key + kEntrySuffix;
+  if (::fstatat(AT_FDCWD, entry.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(st.st_mode))
+    return;
+  const std::string meta_name = r.key + kMetaSuffix;
+  MetaState m = read_meta(directory_ + "/" + meta_name, r.key);
   m.last_used_unix = std::max(m.last_used_unix, r.last_used_unix);
   m.hits += r.hits - e.synced_hits;
   m.launches += r.launches - e.synced_launches;
@@ -704,7 +750,7 @@ void KernelCache::flush_entry(Entry& e) {
             {"hits", m.hits},
             {"launches", m.launches},
             {"run_ms_total", m.run_ms_total}};
-  if (!write_atomically(directory_, meta_path(r.key), j.dump()).empty()) return;
+  if (!cache_files::write_atomically(directory_, meta_name, j.dump()).empty()) return;
   merge_meta(r, m);
   e.synced_hits = r.hits;
   e.synced_launches = r.launches;
@@ -733,10 +779,11 @@ CacheStats KernelCache::stats() const {
   }
   s.directory = directory_;
   s.disk_enabled = disk_enabled_;
+  s.read_only_directories = read_only_;
   s.disk_bytes = 0;
-  if (disk_enabled_) {
-    for (const DirFile& f : list_directory(directory_))
-      if (f.name[0] != '.' && (ends_with(f.name, kEntrySuffix) || ends_with(f.name, kMetaSuffix)))
+  if (!directory_.empty()) {
+    for (const DirFile& f : cache_files::list(directory_))
+      if (f.regular() && (f.kind == NameKind::entry || f.kind == NameKind::meta))
         s.disk_bytes += static_cast<size_t>(f.st.st_size);
   }
   return s;
@@ -760,24 +807,24 @@ std::vector<KernelRecord> KernelCache::loaded_records() const {
 
 std::vector<KernelRecord> KernelCache::disk_records() const {
   std::vector<KernelRecord> out;
-  if (directory_.empty()) return out;
-  for (const DirFile& f : list_directory(directory_)) {
-    if (!ends_with(f.name, kEntrySuffix)) continue;
-    std::string key = f.name.substr(0, f.name.size() - 3);
-    if (!is_key(key)) continue;
-    // Header first, then exactly the metadata: listing does not read objects.
-    std::string bytes;
-    if (read_file(directory_ + "/" + f.name, bytes, nullptr, kHeaderBytes) != 0 ||
-        bytes.size() < kHeaderBytes)
-      continue;
-    uint64_t meta_len = get_le(bytes, 16, 8);
-    if (meta_len > static_cast<uint64_t>(f.st.st_size)) continue;
-    if (read_file(directory_ + "/" + f.name, bytes, nullptr, kHeaderBytes + meta_len) != 0)
-      continue;
-    ParsedEntry parsed;
-    if (parse_entry(bytes, key, false, static_cast<size_t>(f.st.st_size), parsed)) continue;
-    merge_meta(parsed.record, read_meta(meta_path(key), key));
-    out.push_back(std::move(parsed.record));
+  std::set<std::string> seen;  // a key in several directories is listed once, as found first
+  for (const std::string& dir : search_order()) {
+    for (const DirFile& f : cache_files::list(dir)) {
+      if (f.kind != NameKind::entry || !f.regular() || seen.count(f.key)) continue;
+      // Header first, then exactly the metadata: listing does not read objects.
+      const std::string path = dir + "/" + f.name;
+      ReadResult head = cache_files::read_file(path, kMaxEntryBytes, kHeaderBytes);
+      if (head.status != ReadResult::ok || head.bytes.size() < kHeaderBytes) continue;
+      const uint64_t meta_len = get_le(head.bytes, 16, 8);
+      if (meta_len > head.file_size) continue;
+      ReadResult part = cache_files::read_file(path, kMaxEntryBytes, kHeaderBytes + meta_len);
+      if (part.status != ReadResult::ok) continue;
+      ParsedEntry parsed;
+      if (parse_entry(part.bytes, f.key, false, part.file_size, parsed)) continue;
+      merge_meta(parsed.record, read_meta(dir + "/" + f.key + kMetaSuffix, f.key));
+      seen.insert(f.key);
+      out.push_back(std::move(parsed.record));
+    }
   }
   std::sort(out.begin(), out.end(), [](const KernelRecord& a, const KernelRecord& b) {
     return a.last_used_unix != b.last_used_unix ? a.last_used_unix > b.last_used_unix
@@ -788,93 +835,115 @@ std::vector<KernelRecord> KernelCache::disk_records() const {
 
 std::pair<KernelRecord, std::string> KernelCache::show(const std::string& key_prefix) const {
   if (key_prefix.empty()) throw ValueError("[kernel cache] show: empty key");
-  if (directory_.empty()) throw ValueError("[kernel cache] show: the cache has no directory");
-  std::vector<std::string> matches;
-  for (const DirFile& f : list_directory(directory_)) {
-    if (!ends_with(f.name, kEntrySuffix)) continue;
-    std::string key = f.name.substr(0, f.name.size() - 3);
-    if (!is_key(key) || key.compare(0, key_prefix.size(), key_prefix) != 0) continue;
-    if (key == key_prefix) {
-      matches = {key};
-      break;
+  const std::vector<std::string> dirs = search_order();
+  if (dirs.empty()) throw ValueError("[kernel cache] show: the cache has no directory");
+  std::set<std::string> matches;
+  for (const std::string& dir : dirs) {
+    for (const DirFile& f : cache_files::list(dir)) {
+      if (f.kind != NameKind::entry || f.key.compare(0, key_prefix.size(), key_prefix) != 0)
+        continue;
+      if (f.key == key_prefix) {
+        matches = {f.key};
+        break;
+      }
+      matches.insert(f.key);
     }
-    matches.push_back(key);
+    if (matches.size() == 1 && *matches.begin() == key_prefix) break;
   }
   if (matches.empty())
-    throw ValueError("[kernel cache] no entry in " + directory_ + " has a key starting with '" +
-                     key_prefix + "'");
+    throw ValueError("[kernel cache] no entry in " + join(dirs, ", ") +
+                     " has a key starting with '" + key_prefix + "'");
   if (matches.size() > 1)
     throw ValueError("[kernel cache] key prefix '" + key_prefix +
                      "' is ambiguous: " + std::to_string(matches.size()) + " entries match");
-  const std::string& key = matches[0];
-  std::string bytes;
-  if (int err = read_file(entry_path(key), bytes))
-    throw ValueError("[kernel cache] cannot read entry " + key + ": " + std::strerror(err));
-  ParsedEntry parsed;
-  if (auto bad = parse_entry(bytes, key, true, bytes.size(), parsed))
-    throw ValueError("[kernel cache] entry " + key + " is corrupt: " + *bad);
-  merge_meta(parsed.record, read_meta(meta_path(key), key));
-  return {std::move(parsed.record), std::move(parsed.source)};
+  const std::string key = *matches.begin();
+  std::string problem;
+  for (const std::string& dir : dirs) {
+    ReadResult f = cache_files::read_file(dir + "/" + key + kEntrySuffix, kMaxEntryBytes);
+    if (f.status == ReadResult::missing) continue;
+    ParsedEntry parsed;
+    std::optional<std::string> bad = f.status == ReadResult::bad
+                                         ? f.why
+                                         : parse_entry(f.bytes, key, true, f.bytes.size(), parsed);
+    if (bad) {
+      if (problem.empty()) problem = *bad;
+      continue;
+    }
+    merge_meta(parsed.record, read_meta(dir + "/" + key + kMetaSuffix, key));
+    return {std::move(parsed.record), std::move(parsed.source)};
+  }
+  throw ValueError("[kernel cache] entry " + key + " is corrupt: " +
+                   (problem.empty() ? std::string("removed while reading") : problem));
 }
 
-std::pair<size_t, std::vector<std::string>> KernelCache::verify() {
-  std::pair<size_t, std::vector<std::string>> result{0, {}};
-  if (!disk_enabled_) return result;
+VerifyReport KernelCache::verify(const std::vector<CpuCompiler*>& loaders) {
+  VerifyReport report;
   std::lock_guard<std::mutex> disk_lock(disk_mutex_);
-  estimate_valid_ = false;
-  const std::vector<DirFile> files = list_directory(directory_);
-  std::vector<std::string> good;
-  for (const DirFile& f : files) {
-    if (!ends_with(f.name, kEntrySuffix)) continue;
-    std::string key = f.name.substr(0, f.name.size() - 3);
-    const std::string path = directory_ + "/" + f.name;
-    std::string bytes;
-    ParsedEntry parsed;
-    std::optional<std::string> bad;
-    if (int err = read_file(path, bytes)) {
-      if (err == ENOENT) continue;  // removed by another process meanwhile
-      bad = std::string("cannot read: ") + std::strerror(err);
-    } else if (!is_key(key)) {
-      bad = std::string("file name is not a kernel key");
-    } else {
-      bad = parse_entry(bytes, key, true, bytes.size(), parsed);
+  for (const std::string& dir : search_order()) {
+    const bool ours = disk_enabled_ && dir == directory_;
+    const std::vector<DirFile> files = cache_files::list(dir);
+    std::set<std::string> good;
+    for (const DirFile& f : files) {
+      if (f.kind != NameKind::entry) continue;
+      const std::string path = dir + "/" + f.name;
+      ReadResult r = cache_files::read_file(path, kMaxEntryBytes);
+      if (r.status == ReadResult::missing) continue;  // removed by another process meanwhile
+      ParsedEntry parsed;
+      std::string why;
+      bool loaded = false;
+      if (r.status == ReadResult::bad)
+        why = r.why;
+      else if (auto bad = parse_entry(r.bytes, f.key, true, r.bytes.size(), parsed))
+        why = *bad;
+      else
+        why = load_check(parsed, loaders, loaded);
+      if (why.empty()) {
+        report.ok++;
+        if (loaded) report.load_checked++;
+        good.insert(f.key);
+        continue;
+      }
+      VerifyProblem problem{f.key, path, one_line(why), false};
+      if (ours && cache_files::remove_regular(dir, f.name, &r.id)) {
+        problem.removed = true;
+        cache_files::remove_regular(dir, f.key + kMetaSuffix);
+      }
+      report.problems.push_back(std::move(problem));
     }
-    if (bad) {
-      ::unlink(path.c_str());
-      if (is_key(key)) ::unlink(meta_path(key).c_str());
-      result.second.push_back(key);
-    } else {
-      good.push_back(key);
-      result.first++;
+    if (!ours) continue;
+    // Stray files: .meta without a good entry, temporaries of writers that died (an hour
+    // is far longer than any write takes, so a live writer's file is never removed).
+    const int64_t hour_ago_ns = now_ns() - int64_t{3600} * 1000000000;
+    for (const DirFile& f : files) {
+      if (!f.regular()) continue;
+      const bool stray = (f.kind == NameKind::meta && !good.count(f.key)) ||
+                         (f.kind == NameKind::temp && mtime_ns(f.st) < hour_ago_ns);
+      if (stray && cache_files::remove_regular(dir, f.name)) report.stray_files_removed++;
     }
+    // Entries were removed behind the size accounting's back: the next store recounts.
+    cache_files::DirectoryLock(directory_).write({});
   }
-  // Stray files: .meta without an entry, temporaries of writers that died (an hour is far
-  // longer than any write takes, so a live writer's file is never removed).
-  const int64_t hour_ago_ns = now_ns() - int64_t{3600} * 1000000000;
-  for (const DirFile& f : files) {
-    if (ends_with(f.name, kMetaSuffix)) {
-      std::string key = f.name.substr(0, f.name.size() - 5);
-      if (std::find(good.begin(), good.end(), key) == good.end())
-        ::unlink((directory_ + "/" + f.name).c_str());
-    } else if (f.name.rfind(kTempPrefix, 0) == 0 && mtime_ns(f.st) < hour_ago_ns) {
-      ::unlink((directory_ + "/" + f.name).c_str());
-    }
-  }
-  std::sort(result.second.begin(), result.second.end());
-  return result;
+  std::sort(report.problems.begin(), report.problems.end(),
+            [](const VerifyProblem& a, const VerifyProblem& b) {
+              return a.key != b.key ? a.key < b.key : a.path < b.path;
+            });
+  return report;
 }
 
 size_t KernelCache::clear() {
   if (!disk_enabled_) return 0;
   std::lock_guard<std::mutex> disk_lock(disk_mutex_);
-  estimate_valid_ = false;
+  cache_files::DirectoryLock lock(directory_);
+  const int64_t hour_ago_ns = now_ns() - int64_t{3600} * 1000000000;
   size_t removed = 0;
-  for (const DirFile& f : list_directory(directory_)) {
-    bool entry = ends_with(f.name, kEntrySuffix);
-    if (entry || ends_with(f.name, kMetaSuffix) || f.name.rfind(kTempPrefix, 0) == 0) {
-      if (::unlink((directory_ + "/" + f.name).c_str()) == 0 && entry) removed++;
-    }
+  for (const DirFile& f : cache_files::list(directory_)) {
+    if (!f.regular()) continue;
+    const bool ours = f.kind == NameKind::entry || f.kind == NameKind::meta ||
+                      (f.kind == NameKind::temp && mtime_ns(f.st) < hour_ago_ns);
+    if (ours && cache_files::remove_regular(directory_, f.name) && f.kind == NameKind::entry)
+      removed++;
   }
+  lock.write({});
   return removed;
 }
 

@@ -6,9 +6,11 @@
 // host CPU's features for CPU kernels, the GPU architecture ("sm_90") for device images,
 // which are compiled and cached here but loaded by the device runtime. The memory level keeps every
 // kernel this process has loaded; the disk level (one file per key, see docs/kernel-cache.md)
-// survives the process and may be shared by several processes. Disk entries are written atomically
-// and carry a checksum: a damaged, foreign or stale entry is discarded with one warning and
-// recompiled, never trusted.
+// survives the process and may be shared by several processes and users. Disk entries are
+// written atomically and carry a checksum; a damaged, foreign, stale or unloadable entry is
+// discarded with one warning and recompiled, never trusted. The disk level may also stack
+// read-only directories (a cache baked into an image) under the one it writes.
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <map>
@@ -34,7 +36,25 @@ struct CacheStats {
   double load_ms_total = 0;       ///< time spent reading and loading disk entries
   size_t disk_bytes = 0;          ///< current size of the directory's entries
   std::string directory;          ///< the cache directory ("" when memory-only)
-  bool disk_enabled = false;      ///< false when memory-only (by choice or fallback)
+  bool disk_enabled = false;      ///< false when new entries are not written to disk
+  std::vector<std::string> read_only_directories;  ///< read, never written
+};
+
+/// One bad file found by KernelCache::verify().
+struct VerifyProblem {
+  std::string key;       ///< the entry's key (or the file name when it is not an entry)
+  std::string path;      ///< the file
+  std::string reason;    ///< why it is bad
+  bool removed = false;  ///< false when left in place: a read-only directory, or not a
+                         ///< regular file (kiln removes only regular files it wrote)
+};
+
+/// What KernelCache::verify() found.
+struct VerifyReport {
+  size_t ok = 0;            ///< good entries (all directories)
+  size_t load_checked = 0;  ///< of those, how many objects were also loaded successfully
+  std::vector<VerifyProblem> problems;  ///< bad entries, sorted by key
+  size_t stray_files_removed = 0;       ///< orphan .meta files and dead writers' temporaries
 };
 
 /// What is known about one kernel (memory and/or disk).
@@ -82,9 +102,12 @@ struct ImageHandle {
 
 class KernelCache {
  public:
-  /// Uses `directory` ("" = memory only) with a size cap in bytes (0 = none). A directory
-  /// that cannot be created or written makes the cache memory-only, with one warning.
-  KernelCache(std::string directory, size_t max_bytes);
+  /// Uses `directories` with a size cap in bytes (0 = none). `directories` is one directory
+  /// or a ':'-separated list: the last one is written ("" or "off" = none: new kernels stay
+  /// in memory), the ones before it are read-only layers searched after it. A last
+  /// directory that cannot be written is still read, with one warning; one that cannot be
+  /// created makes the cache memory-only, with one warning.
+  KernelCache(std::string directories, size_t max_bytes);
   /// Writes pending metadata (flush()) and unloads the kernels.
   ~KernelCache();
   KernelCache(const KernelCache&) = delete;
@@ -115,17 +138,26 @@ class KernelCache {
   /// Record and source of one disk entry by key or unique key prefix; throws
   /// kiln::ValueError if none matches, several match, or the entry is damaged.
   std::pair<KernelRecord, std::string> show(const std::string& key_prefix) const;
-  /// Checks every disk entry's format, checksum and key; removes bad ones (and stray
-  /// metadata/temporary files); returns (entries ok, keys removed).
-  std::pair<size_t, std::vector<std::string>> verify();
-  /// Removes all disk entries; returns how many. Loaded kernels stay usable in memory.
+  /// Checks every disk entry of every directory: format, checksum, key, and that its
+  /// object loads and defines its entry point, with whichever of `loaders` built it (its
+  /// identity equals the entry's compiler; entries for another target are not loaded).
+  /// Removes bad regular entries of the written directory, orphan metadata and dead
+  /// writers' temporaries; never touches other names, non-regular files or read-only layers.
+  VerifyReport verify(const std::vector<CpuCompiler*>& loaders = {});
+  /// Removes the written directory's entries (and their metadata and dead writers'
+  /// temporaries); returns how many entries. Loaded kernels stay usable in memory.
   size_t clear();
   /// Writes pending metadata updates (hits, last used, launches) to disk; also done by the
   /// destructor and, for the global cache, at exit.
   void flush();
 
+  /// The directory new entries are written to ("" when memory-only).
   const std::string& directory() const { return directory_; }
+  /// True when new entries are written to directory().
   bool disk_enabled() const { return disk_enabled_; }
+  /// Directories that are read but never written: the layers named before the last one,
+  /// and the last one itself when it cannot be written.
+  const std::vector<std::string>& read_only_directories() const { return read_only_; }
 
  private:
   struct Entry;
@@ -138,15 +170,19 @@ class KernelCache {
   void fill(Entry& entry, const std::string& source, const std::string& entry_name,
             const std::vector<std::string>& source_ops, const Builder& builder);
   bool load_from_disk(Entry& entry, const Builder& builder, std::string& why);
+  bool load_from(const std::string& dir, Entry& entry, const Builder& builder, std::string& why);
   void store(Entry& entry, const std::string& source, const std::vector<uint8_t>& object);
   void flush_entry(Entry& entry);
   void enforce_cap(const std::string& keep_key, size_t stored_bytes);
-  std::string entry_path(const std::string& key) const;
-  std::string meta_path(const std::string& key) const;
+  /// Directories read for entries, in search order: directory() first when readable (its
+  /// entries are the freshest), then the read-only layers in the order given.
+  std::vector<std::string> search_order() const;
 
   std::string directory_;
   size_t max_bytes_;
   bool disk_enabled_ = false;
+  std::vector<std::string> read_only_;
+  std::atomic<bool> write_warned_{false};  // one warning per cache for failed writes
 
   mutable std::mutex map_mutex_;  // guards entries_
   std::map<std::string, std::unique_ptr<Entry>> entries_;
@@ -154,17 +190,15 @@ class KernelCache {
   mutable std::mutex stats_mutex_;  // guards counters_
   CacheStats counters_;
 
-  std::mutex disk_mutex_;  // serializes this process's directory scans; guards the below
-  // The directory's size as of the last scan plus what this process stored since; other
-  // processes' stores are only seen by the next scan (every kRescanStores stores).
-  size_t disk_bytes_estimate_ = 0;
-  unsigned stores_since_scan_ = 0;
-  bool estimate_valid_ = false;
+  // Serializes this process's size accounting and scans; the directory's lock file
+  // (cache_files::DirectoryLock) serializes them between processes.
+  std::mutex disk_mutex_;
 };
 
-/// The process-wide cache: directory from KILN_CACHE_DIR (default $XDG_CACHE_HOME/kiln or
-/// ~/.cache/kiln; "" or "off" = memory only), cap from KILN_CACHE_MAX_MB (default 1024,
-/// 0 = none). Pending metadata is flushed at exit.
+/// The process-wide cache: directories from KILN_CACHE_DIR (default $XDG_CACHE_HOME/kiln or
+/// ~/.cache/kiln; "" or "off" = memory only; "ro1:ro2:rw" stacks read-only layers under the
+/// written directory), cap from KILN_CACHE_MAX_MB (default 1024, 0 = none). Pending
+/// metadata is flushed at exit.
 KernelCache& kernel_cache();
 /// kernel_cache().stats()
 CacheStats cache_stats();

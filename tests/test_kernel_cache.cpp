@@ -25,130 +25,14 @@
 #include "jit/compiler.h"
 #include "jit/hash.h"
 #include "jit/kernel_cache.h"
+#include "tests/cache_test_support.h"
 
 extern char** environ;
 
 namespace fs = std::filesystem;
 using namespace kiln;
 using namespace kiln::jit;
-
-namespace {
-
-class TempDir {
- public:
-  TempDir() {
-    char tmpl[] = "/tmp/kiln-cache-test-XXXXXX";
-    REQUIRE(::mkdtemp(tmpl) != nullptr);
-    root_ = tmpl;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    for (auto& p : fs::recursive_directory_iterator(root_, ec))
-      fs::permissions(p.path(), fs::perms::owner_all, fs::perm_options::add, ec);
-    fs::remove_all(root_, ec);
-  }
-  const std::string& root() const { return root_; }
-  std::string cache() const { return root_ + "/cache"; }
-
- private:
-  std::string root_;
-};
-
-// Redirects file descriptor 2 to a file until finish(), to check warning lines.
-class StderrCapture {
- public:
-  explicit StderrCapture(const std::string& dir) : path_(dir + "/stderr.txt") {
-    std::fflush(stderr);
-    int fd = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    saved_ = ::dup(2);
-    ::dup2(fd, 2);
-    ::close(fd);
-  }
-  ~StderrCapture() { restore(); }
-  std::string finish() {
-    restore();
-    std::ifstream in(path_);
-    std::stringstream text;
-    text << in.rdbuf();
-    return text.str();
-  }
-
- private:
-  void restore() {
-    if (saved_ < 0) return;
-    std::fflush(stderr);
-    ::dup2(saved_, 2);
-    ::close(saved_);
-    saved_ = -1;
-  }
-  std::string path_;
-  int saved_ = -1;
-};
-
-size_t count(const std::string& text, const std::string& what) {
-  size_t n = 0;
-  for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) n++;
-  return n;
-}
-
-// Delegates to the real CPU compiler, counting compiles; can slow compiles down to widen
-// races, and can pretend to be another compiler version.
-class CountingCompiler final : public CpuCompiler {
- public:
-  explicit CountingCompiler(int delay_ms = 0, std::string identity_suffix = "")
-      : delay_ms_(delay_ms), suffix_(std::move(identity_suffix)) {}
-  std::string name() const override { return cpu_compiler().name(); }
-  std::string identity() const override { return cpu_compiler().identity() + suffix_; }
-  std::vector<uint8_t> compile(const std::string& source, const std::string& hint) override {
-    compiles++;
-    if (delay_ms_) std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms_));
-    return cpu_compiler().compile(source, hint);
-  }
-  std::unique_ptr<LoadedModule> load(const std::vector<uint8_t>& image) override {
-    return cpu_compiler().load(image);
-  }
-  std::atomic<int> compiles{0};
-
- private:
-  int delay_ms_;
-  std::string suffix_;
-};
-
-const char* const kEntry = "kiln_cache_test";
-using KernelFn = long long (*)(long long);
-
-// A tiny self-contained kernel; `add` makes distinct sources (and keys).
-std::string kernel_source(int add) {
-  return "extern \"C\" long long kiln_cache_test(long long x) { return x * 3 + " +
-         std::to_string(add) + "; }\n";
-}
-
-long long run(const KernelHandle& h, long long x) {
-  REQUIRE(h.fn != nullptr);
-  return reinterpret_cast<KernelFn>(h.fn)(x);
-}
-
-std::string read_bytes(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
-
-void write_bytes(const std::string& path, const std::string& bytes) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out << bytes;
-}
-
-std::vector<std::string> entry_files(const std::string& dir) {
-  std::vector<std::string> names;
-  for (auto& p : fs::directory_iterator(dir))
-    if (p.path().extension() == ".kk") names.push_back(p.path().filename().string());
-  std::sort(names.begin(), names.end());
-  return names;
-}
-
-}  // namespace
+using namespace kiln::cache_test;
 
 TEST_CASE("hash128 is MurmurHash3 x64-128 and field framing is unambiguous", "[cache]") {
   Hash128 fox = hash128(std::string_view("The quick brown fox jumps over the lazy dog"));
@@ -259,7 +143,8 @@ TEST_CASE("kernel cache: damaged entries are discarded with one warning and reco
     seed.get(kernel_source(33), kEntry, {"add"}, compiler);
     key = KernelCache::key_for(source, compiler);
     pristine = read_bytes(seed_dir.cache() + "/" + key + ".kk");
-    other_entry = read_bytes(seed_dir.cache() + "/" + KernelCache::key_for(kernel_source(33), compiler) + ".kk");
+    other_entry = read_bytes(seed_dir.cache() + "/" +
+                             KernelCache::key_for(kernel_source(33), compiler) + ".kk");
   }
   REQUIRE(pristine.size() > 64);
 
@@ -271,7 +156,8 @@ TEST_CASE("kernel cache: damaged entries are discarded with one warning and reco
   const std::vector<Damage> damages = {
       {"flipped bytes in the middle", "checksum mismatch",
        [](std::string b) {
-         for (size_t i = b.size() / 2; i < b.size() / 2 + 8; ++i) b[i] = static_cast<char>(b[i] ^ 0x5a);
+         for (size_t i = b.size() / 2; i < b.size() / 2 + 8; ++i)
+           b[i] = static_cast<char>(b[i] ^ 0x5a);
          return b;
        }},
       {"truncated to half", "truncated", [](std::string b) { return b.substr(0, b.size() / 2); }},
@@ -324,8 +210,7 @@ TEST_CASE("kernel cache: damaged entries are discarded with one warning and reco
   }
 }
 
-TEST_CASE("kernel cache: an unusable directory falls back to memory with one warning",
-          "[cache]") {
+TEST_CASE("kernel cache: an unusable directory falls back to memory with one warning", "[cache]") {
   TempDir tmp;
   std::vector<std::string> dirs;
   // A directory below a regular file can never be created, even by root.
@@ -357,7 +242,7 @@ TEST_CASE("kernel cache: an unusable directory falls back to memory with one war
       CHECK(count(err, "\n") == 1);
       CHECK(err.find(dir) != std::string::npos);
       CHECK(cache.disk_records().empty());
-      CHECK(cache.verify().first == 0);
+      CHECK(cache.verify().ok == 0);
     }
   }
 }
@@ -384,8 +269,10 @@ TEST_CASE("kernel cache: the size cap evicts the least recently used entry", "[c
 
   TempDir tmp;
   CountingCompiler compiler;
-  // Room for two entries of this size (they differ by a few bytes), not three.
-  KernelCache cache(tmp.cache(), entry_bytes * 5 / 2);
+  // Room for two entries of this size (they differ by a few bytes), not three. The cap
+  // counts 256 bytes for each entry's .meta before it is written, and evicts down to 90%.
+  const size_t cap = (entry_bytes + 256) * 5 / 2;
+  KernelCache cache(tmp.cache(), cap);
   auto key = [&](int add) { return KernelCache::key_for(kernel_source(add), compiler) + ".kk"; };
   auto pause = [] { std::this_thread::sleep_for(std::chrono::milliseconds(30)); };
 
@@ -402,7 +289,7 @@ TEST_CASE("kernel cache: the size cap evicts the least recently used entry", "[c
   CHECK(entry_files(tmp.cache()) == expected);
   CacheStats s = cache.stats();
   CHECK(s.evictions == 1);
-  CHECK(s.disk_bytes <= entry_bytes * 5 / 2);
+  CHECK(s.disk_bytes <= cap);
   // An evicted kernel stays loaded in this process.
   CHECK(run(cache.get(kernel_source(62), kEntry, {"add"}, compiler), 1) == 65);
   CHECK(compiler.compiles == 3);
@@ -429,18 +316,26 @@ TEST_CASE("kernel cache: verify reports and removes bad entries", "[cache]") {
   write_bytes(dir + "/0123456789abcdef0123456789abcdef.meta", "{}");  // orphan
 
   KernelCache cache(dir, 0);
-  auto [ok, removed] = cache.verify();
-  CHECK(ok == 1);
+  std::vector<CpuCompiler*> loaders = {&compiler};
+  VerifyReport report = cache.verify(loaders);
+  CHECK(report.ok == 1);
+  CHECK(report.load_checked == 1);
+  std::vector<std::string> removed;
+  for (const VerifyProblem& p : report.problems) {
+    CHECK(p.removed);
+    removed.push_back(p.key);
+  }
   std::vector<std::string> expected = {keys[0], keys[1]};
   std::sort(expected.begin(), expected.end());
   CHECK(removed == expected);
+  CHECK(report.stray_files_removed == 1);
   CHECK(entry_files(dir) == std::vector<std::string>{keys[2] + ".kk"});
   CHECK_FALSE(fs::exists(dir + "/" + keys[1] + ".meta"));
   CHECK_FALSE(fs::exists(dir + "/0123456789abcdef0123456789abcdef.meta"));
 
-  auto again = cache.verify();
-  CHECK(again.first == 1);
-  CHECK(again.second.empty());
+  VerifyReport again = cache.verify(loaders);
+  CHECK(again.ok == 1);
+  CHECK(again.problems.empty());
 }
 
 TEST_CASE("kernel cache: show by key prefix, clear", "[cache]") {
@@ -463,7 +358,7 @@ TEST_CASE("kernel cache: show by key prefix, clear", "[cache]") {
   fs::copy_file(tmp.cache() + "/" + key + ".kk", tmp.cache() + "/" + twin + ".kk");
   CHECK_THROWS_AS(cache.show(key.substr(0, 1)), ValueError);
   CHECK_THROWS_AS(cache.show(twin), ValueError);  // foreign content under that name
-  CHECK(cache.show(key).first.key == key);         // the exact key still resolves
+  CHECK(cache.show(key).first.key == key);        // the exact key still resolves
 
   CHECK(cache.clear() == 3);
   CHECK(entry_files(tmp.cache()).empty());
@@ -488,7 +383,8 @@ TEST_CASE("kernel cache: KILN_LOG=debug and KILN_DUMP_KERNELS", "[cache]") {
   ::unsetenv("KILN_DUMP_KERNELS");
   const std::string key = KernelCache::key_for(kernel_source(90), compiler);
   INFO(err);
-  CHECK(count(err, "kiln: debug: compile " + key + " (kiln_cache_test): not in memory or on disk") == 1);
+  CHECK(count(err,
+              "kiln: debug: compile " + key + " (kiln_cache_test): not in memory or on disk") == 1);
   CHECK(count(err, kernel_source(90)) == 1);
   CHECK(count(err, "kiln: kernel " + key) == 1);
 }
@@ -551,7 +447,8 @@ TEST_CASE("kernel cache child process", "[.][cache_child]") {
   CountingCompiler compiler;
   KernelCache cache(dir, 0);
   for (int round = 0; round < 2; ++round) {
-    for (int add : {110, 111, 112}) REQUIRE(run(cache.get(kernel_source(add), kEntry, {"add"}, compiler), 7) == 21 + add);
+    for (int add : {110, 111, 112})
+      REQUIRE(run(cache.get(kernel_source(add), kEntry, {"add"}, compiler), 7) == 21 + add);
     REQUIRE(run(cache.get(kernel_source(120 + id), kEntry, {"add"}, compiler), 7) == 141 + id);
   }
   REQUIRE(cache.stats().kernels_compiled + cache.stats().disk_hits == 4);
@@ -576,7 +473,8 @@ TEST_CASE("kernel cache: 4 processes share a fresh directory", "[cache]") {
     logs.push_back(tmp.root() + "/child" + std::to_string(id) + ".log");
     posix_spawn_file_actions_t actions;
     posix_spawn_file_actions_init(&actions);
-    posix_spawn_file_actions_addopen(&actions, 1, logs.back().c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    posix_spawn_file_actions_addopen(&actions, 1, logs.back().c_str(), O_WRONLY | O_CREAT | O_TRUNC,
+                                     0644);
     posix_spawn_file_actions_adddup2(&actions, 1, 2);
     pid_t pid = 0;
     int rc = posix_spawn(&pid, self.c_str(), &actions, nullptr, argv, envp.data());
@@ -594,9 +492,9 @@ TEST_CASE("kernel cache: 4 processes share a fresh directory", "[cache]") {
   }
 
   KernelCache cache(tmp.cache(), 0);
-  auto [ok, removed] = cache.verify();
-  CHECK(ok == 7);  // 3 shared kernels + 1 per child
-  CHECK(removed.empty());
+  VerifyReport report = cache.verify();
+  CHECK(report.ok == 7);  // 3 shared kernels + 1 per child
+  CHECK(report.problems.empty());
   for (auto& p : fs::directory_iterator(tmp.cache()))
     CHECK(p.path().filename().string().rfind(".tmp-", 0) == std::string::npos);
   CountingCompiler compiler;

@@ -2,18 +2,19 @@
 //
 // The tool uses the process-wide kernel_cache(), so it finds the same directory (and cap)
 // as any kiln program run with the same environment; `--cache-dir` works by setting
-// KILN_CACHE_DIR before the cache is first touched (kiln.cpp). Listing and showing only
-// read files; verify and clear need a usable (writable) directory.
+// KILN_CACHE_DIR before the cache is first touched (kiln.cpp). Listing, showing and
+// verifying read every directory (read-only layers too); verify removes bad entries only
+// from the written directory, and clear needs that directory to be writable.
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
-#include <filesystem>
 #include <iostream>
-#include <map>
+#include <memory>
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "jit/compiler.h"
 #include "jit/kernel_cache.h"
 #include "tools/cli.h"
 #include "tools/text_output.h"
@@ -69,7 +70,7 @@ Json record_json(const KernelRecord& r) {
           {"run_ms_total", r.run_ms_total}};
 }
 
-// verify and clear change the directory, which a memory-only cache does not have.
+// clear changes the directory, which a memory-only or read-only cache does not have.
 void require_writable_directory(const std::string& command) {
   jit::KernelCache& cache = jit::kernel_cache();
   if (cache.directory().empty())
@@ -126,12 +127,12 @@ int cache_show(const Invocation& inv) {
   table.add_row({"compiler", r.compiler});
   table.add_row({"target", r.target});
   table.add_row({"compile ms", fixed(r.compile_ms, 2)});
-  table.add_row({"object size", human_size(r.object_bytes) + " (" +
-                                    std::to_string(r.object_bytes) + " bytes)"});
-  table.add_row({"created", iso_time(r.created_unix) + " (" +
-                                relative_time(r.created_unix, now) + ")"});
-  table.add_row({"last used", iso_time(r.last_used_unix) + " (" +
-                                  relative_time(r.last_used_unix, now) + ")"});
+  table.add_row({"object size",
+                 human_size(r.object_bytes) + " (" + std::to_string(r.object_bytes) + " bytes)"});
+  table.add_row(
+      {"created", iso_time(r.created_unix) + " (" + relative_time(r.created_unix, now) + ")"});
+  table.add_row({"last used",
+                 iso_time(r.last_used_unix) + " (" + relative_time(r.last_used_unix, now) + ")"});
   table.add_row({"hits", std::to_string(r.hits)});
   table.add_row({"launches", std::to_string(r.launches)});
   table.add_row({"run ms total", fixed(r.run_ms_total, 3)});
@@ -158,6 +159,7 @@ int cache_stats(const Invocation& inv) {
                 {"cap_bytes", cap},
                 {"directory", cache.directory()},
                 {"disk_enabled", cache.disk_enabled()},
+                {"read_only_directories", cache.read_only_directories()},
                 {"total_hits", hits},
                 {"total_launches", launches},
                 {"compile_ms_total", compile_ms}};
@@ -167,8 +169,11 @@ int cache_stats(const Invocation& inv) {
   TextTable table({"entries", std::to_string(records.size())}, {false, false});
   table.add_row({"total size", human_size(stats.disk_bytes)});
   table.add_row({"size cap", cap ? human_size(cap) : "none"});
-  table.add_row({"directory", cache.directory().empty() ? "(none: memory only)" : cache.directory()});
+  table.add_row(
+      {"directory", cache.directory().empty() ? "(none: memory only)" : cache.directory()});
   table.add_row({"disk enabled", cache.disk_enabled() ? "yes" : "no"});
+  if (!cache.read_only_directories().empty())
+    table.add_row({"read-only", join(cache.read_only_directories(), ", ")});
   table.add_row({"total hits", std::to_string(hits)});
   table.add_row({"total launches", std::to_string(launches)});
   table.add_row({"compile ms total", fixed(compile_ms, 1)});
@@ -176,48 +181,55 @@ int cache_stats(const Invocation& inv) {
   return 0;
 }
 
-// Why each entry would be rejected, from show(), which runs the same checks as verify()
-// but reports the reason; verify() itself only returns the keys it removed.
-std::map<std::string, std::string> rejection_reasons(const std::string& directory) {
-  std::map<std::string, std::string> reasons;
-  std::error_code ec;
-  for (const auto& file : std::filesystem::directory_iterator(directory, ec)) {
-    const std::string name = file.path().filename().string();
-    if (name.size() < 3 || name.compare(name.size() - 3, 3, ".kk") != 0) continue;
-    const std::string key = name.substr(0, name.size() - 3);
-    try {
-      jit::kernel_cache().show(key);
-    } catch (const Error& e) {
-      std::string why = e.what();
-      const std::string corrupt = "is corrupt: ";
-      if (auto at = why.find(corrupt); at != std::string::npos) why = why.substr(at + corrupt.size());
-      reasons[key] = why;
-    }
-  }
-  return reasons;
+// The loaders verify() may use: both CPU compilers this build has, so that an entry is
+// load-checked by the compiler that made it whichever one this process would pick.
+std::vector<std::unique_ptr<jit::CpuCompiler>> cpu_loaders() {
+  std::vector<std::unique_ptr<jit::CpuCompiler>> out;
+  for (const char* name : {"llvm", "external"})
+    if (auto c = jit::make_cpu_compiler(name)) out.push_back(std::move(c));
+  return out;
 }
 
 int cache_verify(const Invocation& inv) {
-  require_writable_directory("verify");
   jit::KernelCache& cache = jit::kernel_cache();
-  std::map<std::string, std::string> reasons = rejection_reasons(cache.directory());
-  const auto [ok, removed] = cache.verify();
-  auto reason_of = [&](const std::string& key) {
-    auto it = reasons.find(key);
-    return it != reasons.end() ? it->second : std::string("failed verification");
-  };
+  if (cache.directory().empty() && cache.read_only_directories().empty())
+    throw Error(
+        "[cache verify] the kernel cache is memory-only (KILN_CACHE_DIR is empty or "
+        "'off'); there are no disk entries");
+  const auto loaders = cpu_loaders();
+  std::vector<jit::CpuCompiler*> loader_ptrs;
+  for (const auto& c : loaders) loader_ptrs.push_back(c.get());
+  const jit::VerifyReport report = cache.verify(loader_ptrs);
   if (inv.json) {
-    Json bad = Json::array();
-    for (const std::string& key : removed) bad.push_back({{"key", key}, {"reason", reason_of(key)}});
-    Json out = {{"directory", cache.directory()}, {"ok", ok}, {"removed", bad}};
+    Json removed = Json::array(), kept = Json::array();
+    for (const jit::VerifyProblem& p : report.problems)
+      (p.removed ? removed : kept)
+          .push_back({{"key", p.key}, {"path", p.path}, {"reason", p.reason}});
+    Json out = {{"directory", cache.directory()},
+                {"read_only_directories", cache.read_only_directories()},
+                {"ok", report.ok},
+                {"load_checked", report.load_checked},
+                {"removed", removed},
+                {"bad_left_in_place", kept},
+                {"stray_files_removed", report.stray_files_removed}};
     std::cout << out.dump(2) << "\n";
   } else {
-    for (const std::string& key : removed)
-      std::cout << "removed " << key << ": " << reason_of(key) << "\n";
-    std::cout << ok << (ok == 1 ? " entry" : " entries") << " ok, " << removed.size()
-              << " removed\n";
+    size_t removed = 0;
+    for (const jit::VerifyProblem& p : report.problems) {
+      if (p.removed) {
+        removed++;
+        std::cout << "removed " << p.key << ": " << p.reason << "\n";
+      } else {
+        std::cout << "bad " << p.path << ": " << p.reason << " (left in place)\n";
+      }
+    }
+    std::cout << report.ok << (report.ok == 1 ? " entry" : " entries") << " ok, " << removed
+              << " removed";
+    if (report.problems.size() > removed)
+      std::cout << ", " << report.problems.size() - removed << " bad left in place";
+    std::cout << " (" << report.load_checked << " of the good objects loaded and checked)\n";
   }
-  return removed.empty() ? 0 : 1;
+  return report.problems.empty() ? 0 : 1;
 }
 
 int cache_clear(const Invocation& inv) {

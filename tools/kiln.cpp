@@ -2,7 +2,7 @@
 // (cache_commands.cpp, info_command.cpp); see docs/cli.md.
 //
 // Exit status: 0 success, 1 an error (one line `kiln: error: ...`) or, for `cache verify`,
-// entries were removed; 2 a command line that does not parse (usage on stderr).
+// entries were bad; 2 a command line that does not parse (usage on stderr).
 #include <cstdlib>
 #include <cstring>
 #include <iostream>
@@ -21,7 +21,7 @@ constexpr const char* kUsage =
     "  cache list          kernels in the disk cache, most recently used first\n"
     "  cache show KEY      one kernel's metadata and source (KEY: a unique key prefix)\n"
     "  cache stats         entries, size, cap, directory, total hits and compile time\n"
-    "  cache verify        check every entry; remove bad ones (exit 1 if any were removed)\n"
+    "  cache verify        check and load every entry; remove bad ones (exit 1 if any were bad)\n"
     "  cache clear         remove every entry\n"
     "  info                version, compilers, CPU features, threads, cache, devices\n"
     "  plan FILE [BUDGET]  replay the memory planner on a step written by KILN_PLAN_DUMP\n"
