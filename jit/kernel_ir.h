@@ -33,6 +33,9 @@ struct IrValue {
   /// Load: value when the guard (an InRange value) is false.
   int guard = -1;
   Scalar value;
+  /// Const: the kernel parameter that holds the value's float64 bits, or -1 when the value
+  /// is printed as a literal. Values are parameters so that one kernel serves every value.
+  int param = -1;
   /// Random: normal (true) or uniform.
   bool normal = false;
   int seed_param = -1;

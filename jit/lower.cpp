@@ -2,6 +2,8 @@
 // coordinates their consumer reads them (index maps compose by substitution), materialized
 // values become loads, and every size-dependent integer becomes a kernel parameter.
 #include <algorithm>
+#include <bit>
+#include <cmath>
 #include <functional>
 #include <map>
 #include <numeric>
@@ -260,8 +262,23 @@ class Lowerer {
       v.value = kiln::detail::load_as_int64(tmp, dtype, 0) != 0;
     else
       v.value = kiln::detail::load_as_int64(tmp, dtype, 0);
+    // A floating value is a parameter (its float64 bits), so `a * s`, a mean's 1/N or a
+    // dropout probability compile one kernel for every value. Literals stay where the
+    // compiler makes different code of them: 0 and +-1 (x*1, x+0, -x fold), infinities and
+    // NaN, and a power's whole-number exponent (pow(x, 2) becomes x*x, pow(x, -1) 1/x).
+    // Integers stay literal: a division or remainder by a literal becomes a multiply.
+    if (is_floating(dtype)) {
+      const double d = v.value.to_double();
+      const bool whole_exponent = literal_constants_ && std::nearbyint(d) == d;
+      if (std::isfinite(d) && d != 0 && d != 1 && d != -1 && !whole_exponent) {
+        v.param = raw_param(std::bit_cast<int64_t>(d));
+        v.value = Scalar(0.0);  // the kernel's structure no longer depends on it
+      }
+    }
     return emit(std::move(v));
   }
+  // Set while lowering a power's exponent: its whole-number constants print as literals.
+  bool literal_constants_ = false;
 
   int guard_value() {
     if (bounds_.empty()) return -1;
@@ -377,7 +394,13 @@ int Lowerer::value_of(Node* n, const std::vector<IndexExpr>& coords, bool is_roo
   v.kind = IrValue::Kind::Op;
   v.op = n->op;
   v.dtype = n->dtype;
-  for (const NodePtr& in : n->inputs) v.args.push_back(value_of(in.get(), coords));
+  for (size_t i = 0; i < n->inputs.size(); ++i) {
+    const bool exponent = n->op == OpCode::Pow && i == 1;
+    const bool saved = literal_constants_;
+    literal_constants_ = saved || exponent;
+    v.args.push_back(value_of(n->inputs[i].get(), coords));
+    literal_constants_ = saved;
+  }
   return emit(std::move(v));
 }
 
@@ -532,7 +555,7 @@ std::string value_str(const IrValue& v, int id) {
       if (v.guard >= 0) s += " if v" + std::to_string(v.guard);
       break;
     case IrValue::Kind::Const:
-      s += v.value.str();
+      s += v.param >= 0 ? "p" + std::to_string(v.param) + " (float64 bits)" : v.value.str();
       break;
     case IrValue::Kind::Coord:
       s += "coord " + v.index.str();
@@ -582,6 +605,7 @@ uint64_t KernelIR::structure_hash() const {
     mix(v.index.hash());
     mix(static_cast<uint64_t>(v.guard + 1));
     mix(std::hash<std::string>{}(v.value.str()) ^ static_cast<uint64_t>(v.value.kind()));
+    mix(static_cast<uint64_t>(v.param + 1));
     mix(static_cast<uint64_t>(v.normal) << 32 | static_cast<uint64_t>(v.seed_param + 1));
     for (size_t k = 0; k < v.bounds.size(); ++k) {
       mix(v.bounds[k].first.hash());

@@ -22,10 +22,11 @@ DType accumulator_dtype(const KernelIR& ir) {
 namespace printing {
 
 const Dialect kCppDialect = {"__builtin_inff()", "__builtin_inf()", "__builtin_nanf(\"\")",
-                             "__builtin_nan(\"\")"};
+                             "__builtin_nan(\"\")", "__builtin_bit_cast(double, "};
 const Dialect kCudaDialect = {
     "__int_as_float(0x7f800000)", "__longlong_as_double(0x7ff0000000000000LL)",
-    "__int_as_float(0x7fc00000)", "__longlong_as_double(0x7ff8000000000000LL)"};
+    "__int_as_float(0x7fc00000)", "__longlong_as_double(0x7ff8000000000000LL)",
+    "__longlong_as_double("};
 
 std::string compute_type(DType t) {
   switch (t) {
@@ -222,8 +223,11 @@ std::string ValuePrinter::statement(int id, int side) const {
       break;
     }
     case IrValue::Kind::Const:
-      e = is_floating(x.dtype) ? float_literal(dialect, x.value.to_double(), x.dtype)
-                               : int_literal(x.value.to_int64());
+      if (x.param >= 0)
+        e = "(" + ct + ")" + dialect.double_from_bits + "P[" + std::to_string(x.param) + "])";
+      else
+        e = is_floating(x.dtype) ? float_literal(dialect, x.value.to_double(), x.dtype)
+                                 : int_literal(x.value.to_int64());
       break;
     case IrValue::Kind::Coord:
       e = normalize(x.dtype, "(" + ct + ")(" + index_str(x.index) + ")");
@@ -306,7 +310,7 @@ int params_read(const KernelIR& ir) {
   int m = max_param(ir.store_index);
   for (const IndexExpr& d : ir.dims) m = std::max(m, max_param(d));
   for (const IrValue& v : ir.values) {
-    m = std::max({m, max_param(v.index), v.seed_param >= 0 ? v.seed_param + 1 : -1});
+    m = std::max({m, max_param(v.index), v.seed_param >= 0 ? v.seed_param + 1 : -1, v.param});
     for (const auto& [e, n] : v.bounds) m = std::max({m, max_param(e), max_param(n)});
   }
   return m + 1;

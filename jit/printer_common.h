@@ -24,6 +24,8 @@ struct Dialect {
   const char* inf_d;  ///< +infinity as double
   const char* nan_f;  ///< quiet NaN as float
   const char* nan_d;  ///< quiet NaN as double
+  /// Prefix of a call that reinterprets an i64 expression's bits as a double.
+  const char* double_from_bits;
 };
 /// GNU C++ (both CPU compilers).
 extern const Dialect kCppDialect;

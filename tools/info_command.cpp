@@ -114,7 +114,10 @@ int run_info_command(const Invocation& inv) {
         {"cpu_features", features},
         {"threads", threads},
         {"gemm", {{"float32", gemm_json(gemm32)}, {"float64", gemm_json(gemm64)}}},
-        {"cache", {{"directory", cache.directory()}, {"disk_enabled", cache.disk_enabled()}}},
+        {"cache",
+         {{"directory", cache.directory()},
+          {"disk_enabled", cache.disk_enabled()},
+          {"read_only_directories", cache.read_only_directories()}}},
         {"devices", Json::array({Json{{"type", "cpu"}, {"threads", threads}}})},
         {"cuda_driver", driver},
         {"cuda_devices", Json::array()}};
@@ -149,8 +152,10 @@ int run_info_command(const Invocation& inv) {
   table.add_row({"gemm float64", gemm_line(gemm64)});
   std::string directory = cache.directory().empty() ? "(none: memory only)" : cache.directory();
   if (!cache.directory().empty() && !cache.disk_enabled())
-    directory += " (not usable: memory only)";
+    directory += " (not writable: new kernels kept in memory)";
   table.add_row({"cache directory", directory});
+  for (const std::string& layer : cache.read_only_directories())
+    table.add_row({"cache read-only", layer});
   std::string devices = "cpu (" + std::to_string(threads) + " threads)";
   if (cuda_devices.empty()) devices += "; no CUDA devices (" + driver + ")";
   table.add_row({"devices", devices});
