@@ -236,11 +236,11 @@ Tensor reshape(const Tensor& x, const Shape& shape) {
     } else if (shape[d] < -1) {
       throw ValueError("[reshape] invalid size " + str(shape[d]) + " in shape " + shape_str(shape) +
                        "; expected sizes >= 0, or -1 to infer one size");
-    } else {
-      known *= shape[d];
+    } else if (__builtin_mul_overflow(known, shape[d], &known)) {
+      known = 0;  // check_sizes below reports the overflow
     }
   }
-  Shape known_sizes = shape;  // `known` wraps when these overflow; refuse them first
+  Shape known_sizes = shape;  // `known` means nothing when these overflow; refuse them
   if (infer >= 0) known_sizes.erase(known_sizes.begin() + infer);
   check_sizes("reshape", known_sizes);
   int64_t n = x.numel();
