@@ -259,8 +259,6 @@ const char* Node::user_op() const {
   return composite ? composite : origin ? origin : op_name(op).data();
 }
 
-const char* current_composite() { return t_composite; }
-
 CompositeScope::CompositeScope(const char* op) : previous_(t_composite) {
   if (t_composite == nullptr) t_composite = op;
 }

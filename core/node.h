@@ -129,8 +129,6 @@ bool set_grad_mode(bool enabled);
 /// Makes nodes built on this thread belong to checkpoint region `region` (0: none);
 /// returns the previous region. kiln::checkpoint uses it.
 uint32_t set_checkpoint_region(uint32_t region);
-/// Nodes built on this thread while a CompositeScope is alive name its op in errors.
-const char* current_composite();
 /// While alive, names `op` as the composite of every node built on this thread; nested
 /// scopes keep the outermost (the op the user called), so cross_entropy's inner
 /// log_softmax and gather report "[cross_entropy]".
