@@ -13,11 +13,13 @@
 #include <cstdlib>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "core/thread_pool.h"
+#include "examples/common/flags.h"
 #include "jit/compiler.h"
 
 namespace kiln::bench {
@@ -46,6 +48,21 @@ inline double median_ms(int warmup, int reps, const std::function<void()>& fn) {
     times.push_back(ms_since(start));
   }
   return median(times);
+}
+
+/// The flag parser of a benchmark, with the --json flag every one takes; add its own flags,
+/// then parse_or_exit. `--help` prints the usage without running anything.
+inline example::Flags bench_flags(const char* program, const char* summary) {
+  example::Flags flags(program, summary);
+  flags.add("json", "", "append the results as JSON lines to this file (bench/run_all.sh)");
+  return flags;
+}
+
+/// Parses argv; returns the exit code when the program should stop (--help, bad flag).
+inline std::optional<int> parse_or_exit(example::Flags& flags, int argc, char** argv) {
+  int code = 0;
+  if (!flags.parse(argc, argv, &code)) return code;
+  return std::nullopt;
 }
 
 /// An environment variable as an integer, or `fallback` when unset/empty.
@@ -210,14 +227,10 @@ inline std::string verdict(const Result& r) {
 }
 
 /// Collects results, prints them as a table and appends them as JSON lines to the file
-/// named by `--json PATH` (if given).
+/// `json_path` (the --json flag; none when empty).
 class Results {
  public:
-  Results(int argc, char** argv) {
-    for (int i = 1; i + 1 < argc; ++i) {
-      if (std::string(argv[i]) == "--json") json_path_ = argv[i + 1];
-    }
-  }
+  explicit Results(std::string json_path) : json_path_(std::move(json_path)) {}
   void add(Result r) { rows_.push_back(std::move(r)); }
 
   void print(const char* title) const {

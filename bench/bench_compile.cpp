@@ -216,13 +216,6 @@ void phase_overhead(Results& results) {
   }
 }
 
-std::string arg_value(int argc, char** argv, const std::string& flag) {
-  for (int i = 1; i + 1 < argc; ++i) {
-    if (flag == argv[i]) return argv[i + 1];
-  }
-  return "";
-}
-
 // Runs this executable again with `args` (the directory and JSON path are passed on).
 int run_self(const std::string& args) {
   std::string self = std::filesystem::read_symlink("/proc/self/exe").string();
@@ -235,8 +228,16 @@ int run_self(const std::string& args) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string phase = arg_value(argc, argv, "--phase");
-  std::string json = arg_value(argc, argv, "--json");
+  example::Flags flags =
+      bench_flags("bench_compile",
+                  "Kernel compile times: cold compiles, reloads from the disk cache and the "
+                  "cost of a cache hit, each phase in a fresh process.");
+  flags.add("phase", "", "internal: run one phase (cold, reload or overhead) in this process");
+  flags.add("dir", "", "internal: the phase's kernel cache directory");
+  flags.note("environment: KILN_CPU_COMPILER");
+  if (std::optional<int> code = parse_or_exit(flags, argc, argv)) return *code;
+  std::string phase = flags.str("phase");
+  std::string json = flags.str("json");
   std::string json_arg = json.empty() ? "" : " --json '" + json + "'";
 
   if (phase.empty()) {
@@ -263,13 +264,13 @@ int main(int argc, char** argv) {
   }
 
   // A phase: the cache directory must be set before kiln's first call reads it.
-  std::string dir = arg_value(argc, argv, "--dir");
+  std::string dir = flags.str("dir");
   if (dir.empty()) {
     std::fprintf(stderr, "bench_compile: --phase needs --dir\n");
     return 2;
   }
   ::setenv("KILN_CACHE_DIR", dir.c_str(), 1);
-  Results results(argc, argv);
+  Results results(json);
   if (phase == "cold") {
     phase_cold(results);
   } else if (phase == "reload") {

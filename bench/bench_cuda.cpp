@@ -381,6 +381,14 @@ void report_compile_times(Results& results) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  example::Flags flags =
+      bench_flags("bench_cuda",
+                  "The CUDA backend: memory-bound kernels, GEMM and a training step against "
+                  "a device copy and PyTorch (docs/gpu.md). Without a device it exits 0.");
+  flags.note(
+      "environment: BENCH_CUDA_ON_CPU=1 (run on the CPU to check the program), BENCH_REPS, "
+      "BENCH_CUDA_BATCH, BENCH_CUDA_ELEMS");
+  if (std::optional<int> code = parse_or_exit(flags, argc, argv)) return *code;
   Config cfg;
   g_on_cpu = env_int("BENCH_CUDA_ON_CPU", 0) != 0;
   if (g_on_cpu) {
@@ -419,7 +427,7 @@ int main(int argc, char** argv) {
               static_cast<long long>(cfg.elems), cfg.batch, cfg.reps);
   std::fflush(stdout);
 
-  Results results(argc, argv);
+  Results results(flags.str("json"));
   guarded(results, "cuda nvrtc compile (distinct kernels)", compile_distinct_kernels);
   std::string torch_note;
   std::map<std::string, double> torch = run_torch(cfg, rows, torch_note);

@@ -104,7 +104,13 @@ std::map<std::string, std::pair<double, double>> run_torch(int threads, int reps
 }  // namespace
 
 int main(int argc, char** argv) {
-  Results results(argc, argv);
+  example::Flags flags =
+      bench_flags("bench_fused",
+                  "Fused elementwise and reduction kernels against the machine's bandwidth "
+                  "floor and PyTorch (docs/benchmarks.md).");
+  flags.note("environment: BENCH_REPS (timed repetitions, default 15), KILN_CPU_COMPILER");
+  if (std::optional<int> code = parse_or_exit(flags, argc, argv)) return *code;
+  Results results(flags.str("json"));
   const int reps = env_int("BENCH_REPS", 15);
   const std::string compiler = compiler_label();
   const int threads = thread_pool().size();

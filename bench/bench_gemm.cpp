@@ -17,7 +17,11 @@
 int main(int argc, char** argv) {
   using namespace kiln;
   using namespace kiln::bench;
-  Results results(argc, argv);
+  example::Flags flags =
+      bench_flags("bench_gemm", "kiln's GEMM path against OpenBLAS called directly.");
+  flags.note("environment: BENCH_REPS (timed repetitions, default 9)");
+  if (std::optional<int> code = parse_or_exit(flags, argc, argv)) return *code;
+  Results results(flags.str("json"));
   const int reps = env_int("BENCH_REPS", 9);
   const int threads = thread_pool().size();
   const std::string compiler = compiler_label();

@@ -224,11 +224,20 @@ Paired measure_paired(const Model& model, int reps, int seq, size_t budget) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  Results results(argc, argv);
+  example::Flags flags = bench_flags(
+      "bench_plan", "Memory planning: peaks and step times of training steps under budgets.");
+  flags.add("only", "", "run one model only: mlp, lstm, transformer or varlen");
+  flags.note("environment: KILN_BENCH_PLAN_REPS (timed steps, default 5), KILN_BENCH_VERBOSE");
+  if (std::optional<int> code = parse_or_exit(flags, argc, argv)) return *code;
+  const std::string only = flags.str("only");
+  if (!only.empty() && only != "mlp" && only != "lstm" && only != "transformer" &&
+      only != "varlen") {
+    std::fprintf(stderr, "bench_plan: --only expects mlp, lstm, transformer or varlen, got '%s'\n",
+                 only.c_str());
+    return 2;
+  }
+  Results results(flags.str("json"));
   const int reps = env_int("KILN_BENCH_PLAN_REPS", 5);
-  std::string only;  // --only mlp|lstm|transformer|varlen
-  for (int i = 1; i + 1 < argc; ++i)
-    if (std::string(argv[i]) == "--only") only = argv[i + 1];
   struct Spec {
     const char* name;
     int seq;

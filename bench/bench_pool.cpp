@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "examples/common/flags.h"
 #include "memory/host_pool.h"
 
 namespace {
@@ -85,7 +86,19 @@ double median(std::vector<double> v) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const int repetitions = argc > 1 ? std::max(1, std::atoi(argv[1])) : 15;
+  example::Flags flags("bench_pool",
+                       "Allocate/free patterns of mixed sizes through kiln's host pool and "
+                       "through malloc (prints its own table).");
+  flags.add("repetitions", "15", "timed repetitions of each pattern (median reported)");
+  int code = 0;
+  if (!flags.parse(argc, argv, &code)) return code;
+  int repetitions = 15;
+  try {
+    repetitions = static_cast<int>(std::max<int64_t>(1, flags.integer("repetitions")));
+  } catch (const example::UsageError& e) {
+    std::fprintf(stderr, "bench_pool: %s\n", e.what());
+    return 2;
+  }
   const std::vector<Pattern> patterns = {
       make_pattern("small 16 B - 4 KiB, 64 live", 16, 4 * kKiB, 64 * 1024, 64, 1),
       make_pattern("mixed 16 B - 1 MiB, 32 live", 16, kMiB, 32 * 256, 32, 2),

@@ -146,12 +146,15 @@ std::map<std::string, std::pair<double, uint64_t>> run_times() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  Results results(argc, argv);
+  example::Flags flags = bench_flags(
+      "bench_train", "Training steps of small models against PyTorch eager on the same shapes.");
+  flags.add("only", "", "run only the workloads whose name contains this text");
+  flags.note("environment: BENCH_REPS (timed steps, default 10)");
+  if (std::optional<int> code = parse_or_exit(flags, argc, argv)) return *code;
+  Results results(flags.str("json"));
   const int reps = env_int("BENCH_REPS", 10);
   const int threads = thread_pool().size();
-  std::string only;
-  for (int i = 1; i + 1 < argc; ++i)
-    if (std::string(argv[i]) == "--only") only = argv[i + 1];
+  const std::string only = flags.str("only");
   std::printf("training steps: %d threads, median of %d steps after warm-up\n", threads, reps);
   for (const Workload& w : workloads()) {
     if (!only.empty() && w.name.find(only) == std::string::npos) continue;

@@ -8,6 +8,7 @@
 #include <mutex>
 
 #include "error.h"
+#include "settings.h"
 
 namespace kiln::cuda {
 namespace {
@@ -131,9 +132,7 @@ std::string result_text(const Functions& f, CUresult result) {
 
 // Opens the driver and fills `d`; on failure leaves d.loaded false and says why.
 void load(Driver& d) {
-  const char* override_path = std::getenv("KILN_CUDA_DRIVER");
-  const std::string path =
-      override_path != nullptr && *override_path != '\0' ? override_path : "libcuda.so.1";
+  const std::string path = settings::text("KILN_CUDA_DRIVER").value_or("libcuda.so.1");
   void* library = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
   if (library == nullptr) {
     const char* why = dlerror();

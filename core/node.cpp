@@ -9,6 +9,7 @@
 
 #include "cuda_driver.h"
 #include "error.h"
+#include "settings.h"
 
 namespace kiln {
 namespace {
@@ -44,7 +45,7 @@ ExecutorRegistry& registry() {
   // Leaked on purpose: executors may run while other statics are being destroyed.
   static ExecutorRegistry* r = [] {
     auto* reg = new ExecutorRegistry;
-    if (const char* env = std::getenv("KILN_EXECUTOR")) reg->forced = env;
+    reg->forced = settings::text("KILN_EXECUTOR").value_or("");
     return reg;
   }();
   return *r;
@@ -128,10 +129,11 @@ std::vector<NodePtr> overlapping_held(const std::unordered_set<Node*>& scheduled
 
 thread_local bool t_grad_mode = true;
 thread_local uint32_t t_checkpoint_region = 0;
+thread_local const char* t_composite = nullptr;
 
 [[noreturn]] void raise_donated(const Node& n) {
-  throw ValueError("[" + std::string(n.origin ? n.origin : op_name(n.op)) + "] the value " +
-                   shape_str(n.shape) + " " + std::string(dtype_name(n.dtype)) +
+  throw ValueError("[" + std::string(n.user_op()) + "] the value " + shape_str(n.shape) + " " +
+                   std::string(dtype_name(n.dtype)) +
                    " was overwritten by an in-place update (an optimizer step or assign took "
                    "over its buffer); compute what reads it before the update, or keep a "
                    "handle to it (a held value is never donated)");
@@ -158,6 +160,7 @@ NodePtr Node::with(OpCode new_op, std::vector<NodePtr> new_inputs, Device new_de
   copy->offset = offset;
   copy->weak_scalar = weak_scalar;
   copy->origin = origin;
+  copy->composite = composite;
   copy->checkpoint_region = checkpoint_region;
   copy->requires_grad = false;
   return copy;
@@ -219,8 +222,11 @@ Node::Node(OpCode op_, std::vector<NodePtr> inputs_, Shape shape_, DType dtype_,
       shape(std::move(shape_)),
       inputs(std::move(inputs_)),
       id(g_next_id.fetch_add(1, std::memory_order_relaxed)) {
+  // Ops check their shapes with their own names first; this catches any path that did not.
+  check_sizes(op_name(op), shape, itemsize(dtype));
   g_live_nodes.fetch_add(1, std::memory_order_relaxed);
   checkpoint_region = t_checkpoint_region;
+  composite = t_composite;
   if (t_grad_mode && is_floating(dtype)) {
     for (const NodePtr& in : inputs) {
       if (in->requires_grad) {
@@ -248,6 +254,16 @@ Node::~Node() {
 }
 
 bool grad_mode_enabled() { return t_grad_mode; }
+
+const char* Node::user_op() const {
+  return composite ? composite : origin ? origin : op_name(op).data();
+}
+
+CompositeScope::CompositeScope(const char* op) : previous_(t_composite) {
+  if (t_composite == nullptr) t_composite = op;
+}
+
+CompositeScope::~CompositeScope() { t_composite = previous_; }
 
 uint32_t set_checkpoint_region(uint32_t region) {
   uint32_t previous = t_checkpoint_region;

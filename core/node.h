@@ -52,6 +52,9 @@ struct Node : std::enable_shared_from_this<Node> {
   bool weak_scalar = false;
   /// The user-level op that created this node ("softmax", "matmul"), for messages and dumps.
   const char* origin = nullptr;
+  /// The public composite op being built when this node was made (cross_entropy around
+  /// its gather; see CompositeScope), or null: errors about the node name it first.
+  const char* composite = nullptr;
   /// Nonzero for nodes built inside kiln::checkpoint (the region's number): the memory
   /// planner releases their values once the region is done and rebuilds them when read.
   uint32_t checkpoint_region = 0;
@@ -85,6 +88,9 @@ struct Node : std::enable_shared_from_this<Node> {
   /// given op, inputs and device; no buffer, no gradient flags.
   NodePtr with(OpCode new_op, std::vector<NodePtr> new_inputs, Device new_device) const;
   int64_t numel() const { return kiln::numel(shape); }
+  /// The op a user called to build this node, for error messages: composite, else origin,
+  /// else the meta-op's name.
+  const char* user_op() const;
   size_t nbytes() const { return static_cast<size_t>(numel()) * itemsize(dtype); }
 
   /// Number of Node objects alive in the process (graph lifetime tests watch this).
@@ -123,6 +129,19 @@ bool set_grad_mode(bool enabled);
 /// Makes nodes built on this thread belong to checkpoint region `region` (0: none);
 /// returns the previous region. kiln::checkpoint uses it.
 uint32_t set_checkpoint_region(uint32_t region);
+/// While alive, names `op` as the composite of every node built on this thread; nested
+/// scopes keep the outermost (the op the user called), so cross_entropy's inner
+/// log_softmax and gather report "[cross_entropy]".
+class CompositeScope {
+ public:
+  explicit CompositeScope(const char* op);
+  ~CompositeScope();
+  CompositeScope(const CompositeScope&) = delete;
+  CompositeScope& operator=(const CompositeScope&) = delete;
+
+ private:
+  const char* previous_;
+};
 /// A new, process-unique checkpoint region number.
 uint32_t new_checkpoint_region();
 /// Replaces a leaf's accumulated gradient, keeping the handle accounting right.

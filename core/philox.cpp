@@ -1,10 +1,6 @@
 #include "core/philox.h"
 
-#include <cerrno>
-#include <cstdlib>
-#include <string>
-
-#include "core/error.h"
+#include "core/settings.h"
 
 namespace kiln {
 
@@ -44,24 +40,10 @@ void Generator::manual_seed(uint64_t seed) {
 
 namespace {
 
-// A malformed KILN_SEED is a user error that would otherwise silently give unseeded
-// (seed 0) runs, so it throws rather than falling back.
-uint64_t seed_from_environment() {
-  const char* text = std::getenv("KILN_SEED");
-  if (text == nullptr || *text == '\0') return 0;
-  const std::string value(text);
-  errno = 0;
-  char* end = nullptr;
-  // Decimal or 0x-hex; base 0 would read a leading zero as octal, which surprises.
-  const bool hex = value.size() > 2 && value[0] == '0' && (value[1] == 'x' || value[1] == 'X');
-  const unsigned long long parsed = std::strtoull(value.c_str(), &end, hex ? 16 : 10);
-  if (value.find('-') != std::string::npos || errno == ERANGE || end == value.c_str() ||
-      *end != '\0') {
-    throw Error("[manual_seed] KILN_SEED='" + value +
-                "' is not an unsigned 64-bit integer (expected e.g. KILN_SEED=42 or 0x2a)");
-  }
-  return static_cast<uint64_t>(parsed);
-}
+// A malformed KILN_SEED would otherwise give silently unseeded runs, so it throws (a
+// ValueError from the registry); the generator then stays unbuilt and every call that needs
+// it raises again.
+uint64_t seed_from_environment() { return settings::unsigned64("KILN_SEED").value_or(0); }
 
 }  // namespace
 

@@ -1,5 +1,7 @@
 #include "shape.h"
 
+#include <cstdint>
+
 #include "error.h"
 
 namespace kiln {
@@ -44,6 +46,7 @@ Shape broadcast_shapes(std::string_view op, const Shape& a, const Shape& b) {
     }
     out[i] = da == 1 ? db : da;
   }
+  check_sizes(op, out);
   return out;
 }
 
@@ -67,13 +70,41 @@ int normalize_insert_axis(std::string_view op, int64_t axis, const Shape& shape)
   return normalize(op, axis, static_cast<int64_t>(shape.size()) + 1, shape);
 }
 
-void check_sizes(std::string_view op, const Shape& shape) {
+void check_sizes(std::string_view op, const Shape& shape, size_t itemsize) {
   for (int64_t s : shape) {
     if (s < 0) {
       throw ValueError("[" + std::string(op) + "] negative size in shape " + shape_str(shape) +
                        "; sizes must be >= 0");
     }
   }
+  // One zero size makes the tensor empty whatever the others are, like numpy.
+  for (int64_t s : shape)
+    if (s == 0) return;
+  int64_t n = 1;
+  for (int64_t s : shape) {
+    if (__builtin_mul_overflow(n, s, &n)) {
+      throw ValueError("[" + std::string(op) + "] shape " + shape_str(shape) +
+                       " has more elements than int64 can count (at most " +
+                       std::to_string(INT64_MAX) + "); expected a product of sizes that fits");
+    }
+  }
+  int64_t bytes = 0;
+  if (itemsize > 1 && __builtin_mul_overflow(n, static_cast<int64_t>(itemsize), &bytes)) {
+    throw ValueError("[" + std::string(op) + "] shape " + shape_str(shape) + " has " +
+                     std::to_string(n) + " elements of " + std::to_string(itemsize) +
+                     " bytes, more bytes than int64 can count (at most " +
+                     std::to_string(INT64_MAX) + ")");
+  }
+}
+
+int64_t checked_numel(std::string_view op, const Shape& shape) {
+  check_sizes(op, shape);
+  return numel(shape);
+}
+
+int64_t checked_nbytes(std::string_view op, const Shape& shape, size_t itemsize) {
+  check_sizes(op, shape, itemsize);
+  return numel(shape) * static_cast<int64_t>(itemsize);
 }
 
 }  // namespace kiln

@@ -18,9 +18,12 @@
 #include <cstdlib>
 #include <exception>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
+
+#include "core/settings.h"
 
 #if defined(__linux__)
 #include <pthread.h>
@@ -214,15 +217,13 @@ void ThreadPool::parallel_for(int64_t n, int64_t grain,
 ThreadPool& thread_pool() {
   // Never destroyed: kernels may run from static destructors of other objects, and
   // sleeping workers need no cleanup at exit.
+  // A bad KILN_NUM_THREADS throws here, before any thread starts; the static stays unset,
+  // so every later call that needs the pool raises the same error.
   static ThreadPool* pool = [] {
-    int threads = static_cast<int>(std::thread::hardware_concurrency());
-    if (const char* env = std::getenv("KILN_NUM_THREADS")) {
-      char* end = nullptr;
-      long value = std::strtol(env, &end, 10);
-      if (end != env && *end == '\0' && value >= 1 && value <= 4096)
-        threads = static_cast<int>(value);
-    }
-    return new ThreadPool(std::max(threads, 1));
+    int threads = std::max(static_cast<int>(std::thread::hardware_concurrency()), 1);
+    if (std::optional<int64_t> n = settings::integer("KILN_NUM_THREADS", 1, 4096))
+      threads = static_cast<int>(*n);
+    return new ThreadPool(threads);
   }();
   return *pool;
 }

@@ -48,7 +48,8 @@ class ThreadPool {
 };
 
 /// The process-wide pool; its size is KILN_NUM_THREADS, default
-/// std::thread::hardware_concurrency(). Created on first use.
+/// std::thread::hardware_concurrency(). Created on first use; a bad KILN_NUM_THREADS raises
+/// ValueError from every call until it is fixed.
 ThreadPool& thread_pool();
 
 }  // namespace kiln

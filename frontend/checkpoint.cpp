@@ -1,5 +1,6 @@
 #include "checkpoint.h"
 
+#include "../core/error.h"
 #include "../core/node.h"
 #include "../jit/step_memory.h"
 
@@ -8,6 +9,8 @@ namespace kiln {
 std::vector<Tensor> checkpoint(
     const std::function<std::vector<Tensor>(const std::vector<Tensor>&)>& fn,
     const std::vector<Tensor>& inputs) {
+  if (!fn)
+    throw ValueError("[checkpoint] got an empty function; expected a callable to checkpoint");
   const uint32_t region = new_checkpoint_region();
   struct Scope {
     uint32_t previous;
@@ -23,6 +26,8 @@ std::vector<Tensor> checkpoint(
 }
 
 Tensor checkpoint(const std::function<Tensor(const Tensor&)>& fn, const Tensor& input) {
+  if (!fn)
+    throw ValueError("[checkpoint] got an empty function; expected a callable to checkpoint");
   return checkpoint([&](const std::vector<Tensor>& in) { return std::vector<Tensor>{fn(in[0])}; },
                     {input})[0];
 }

@@ -99,6 +99,14 @@ void Optimizer::append_group(std::vector<Tensor> params) {
   for (const auto& group : groups_) {
     for (const Tensor& p : group) seen.insert(p.node().get());
   }
+  // An empty list is almost always a module whose parameters were never registered; an
+  // optimizer over nothing would silently train nothing.
+  if (params.empty()) {
+    throw ValueError(tag() + "got an empty parameter list for group " +
+                     std::to_string(groups_.size()) +
+                     "; expected at least one parameter (a module's parameters() is empty "
+                     "when its layers were not registered)");
+  }
   for (size_t i = 0; i < params.size(); ++i) {
     const Tensor& p = params[i];
     std::string which =

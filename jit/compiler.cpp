@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "core/settings.h"
 
 namespace kiln::jit {
 
@@ -32,8 +33,8 @@ CpuCompiler& cpu_compiler() {
   // Built once; a failed construction (bad KILN_CPU_COMPILER) throws and is retried on the
   // next call, as C++ guarantees for function-local statics.
   static const std::unique_ptr<CpuCompiler> compiler = [] {
-    const char* env = std::getenv("KILN_CPU_COMPILER");
-    std::string name = env && *env ? env : (have_llvm() ? "llvm" : "external");
+    std::string name =
+        settings::text("KILN_CPU_COMPILER").value_or(have_llvm() ? "llvm" : "external");
     auto made = make_cpu_compiler(name);
     if (!made) {
       if (name == "llvm")

@@ -90,8 +90,6 @@ Acc combine(ReduceOp op, Acc a, Acc b) {
   return (a != 0) || (b != 0);
 }
 
-const char* name_of(const Node& n) { return n.origin ? n.origin : op_name(n.op).data(); }
-
 void run_whole_reduction(const LoweredKernel& lk, KernelFn fn, std::vector<char*>& bufs,
                          Node& root) {
   const int64_t n = lk.parallel_extent;
@@ -506,7 +504,7 @@ const bool kRegistered = [] {
 }  // namespace
 
 void raise_kernel_index_error(const KernelIR& ir, const Node& root, const int64_t* err) {
-  std::string op = name_of(root), where = "a dimension";
+  std::string op = root.user_op(), where = "a dimension";
   if (err[1] >= 0 && static_cast<size_t>(err[1]) < ir.error_sites.size()) {
     const KernelIR::ErrorSite& site = ir.error_sites[static_cast<size_t>(err[1])];
     op = site.op;

@@ -6,6 +6,8 @@
 #include <string>
 #include <unordered_map>
 
+#include "../core/settings.h"
+
 namespace kiln::jit {
 namespace {
 
@@ -63,8 +65,7 @@ bool pass_disabled(const char* pass) {
   std::lock_guard lock(mutex);
   auto it = cache.find(pass);
   if (it != cache.end()) return it->second;
-  const char* v = std::getenv((std::string("KILN_DISABLE_") + pass).c_str());
-  bool off = v != nullptr && v[0] != '\0' && std::string(v) != "0";
+  const bool off = settings::flag("KILN_DISABLE_" + std::string(pass));
   cache.emplace(pass, off);
   return off;
 }

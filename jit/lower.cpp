@@ -304,8 +304,7 @@ class Lowerer {
   std::vector<int> bound_sites_;
 
   int error_site(const Node& n, size_t dim, const Shape& shape) {
-    out_.ir.error_sites.push_back(
-        {n.origin ? n.origin : std::string(op_name(n.op)), static_cast<int>(dim), shape});
+    out_.ir.error_sites.push_back({std::string(n.user_op()), static_cast<int>(dim), shape});
     return static_cast<int>(out_.ir.error_sites.size() - 1);
   }
 };

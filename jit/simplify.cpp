@@ -18,6 +18,7 @@
 #include <optional>
 #include <unordered_set>
 
+#include "../core/settings.h"
 #include "../core/structural_hash.h"
 #include "../core/tensor.h"
 #include "../ops/elementwise.h"
@@ -483,10 +484,7 @@ class Simplifier {
 
 }  // namespace
 
-bool simplify_disabled() {
-  const char* env = std::getenv("KILN_DISABLE_SIMPLIFY");
-  return env != nullptr && env[0] != '\0' && std::strcmp(env, "0") != 0;
-}
+bool simplify_disabled() { return settings::flag("KILN_DISABLE_SIMPLIFY"); }
 
 SimplifyResult simplify(const std::vector<Node*>& schedule, const std::vector<Node*>& outputs) {
   SimplifyResult result;

@@ -11,6 +11,7 @@
 #include <unordered_map>
 
 #include "../core/error.h"
+#include "../core/settings.h"
 #include "../memory/arena_fit.h"
 #include "../memory/arena_plan.h"
 #include "../memory/budget.h"
@@ -618,10 +619,7 @@ class OpenArena {
 
 // KILN_DISABLE_ARENA=1 gives every value a block of the pool's own choosing (read on every
 // step, so a program can compare both).
-bool arena_enabled() {
-  const char* v = std::getenv("KILN_DISABLE_ARENA");
-  return v == nullptr || *v == '\0' || *v == '0';
-}
+bool arena_enabled() { return !settings::flag("KILN_DISABLE_ARENA"); }
 
 }  // namespace
 

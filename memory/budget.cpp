@@ -5,9 +5,11 @@
 #include <cmath>
 #include <cstdlib>
 #include <mutex>
+#include <optional>
 
 #include "../core/cuda_driver.h"
 #include "../core/error.h"
+#include "../core/settings.h"
 #include "caching_pool.h"
 #include "device_pools.h"
 
@@ -44,11 +46,18 @@ Budget parse(const std::string& spec, const std::string& what) {
   }
 }
 
+// Loaded only once it parsed: a bad KILN_MEMORY_BUDGET raises from every call that needs
+// the budget (each evaluation), not just the first one.
 void load_environment_locked() {
   if (g_loaded) return;
+  if (std::optional<std::string> text = settings::text("KILN_MEMORY_BUDGET")) {
+    try {
+      g_budget = parse(*text, "KILN_MEMORY_BUDGET");
+    } catch (const ValueError&) {
+      settings::reject("KILN_MEMORY_BUDGET", *text);
+    }
+  }
   g_loaded = true;
-  if (const char* text = std::getenv("KILN_MEMORY_BUDGET"); text != nullptr && *text)
-    g_budget = parse(text, "KILN_MEMORY_BUDGET");
 }
 
 size_t total_memory(Device device) {
@@ -106,16 +115,7 @@ double checked_limit(double share, const std::string& what) {
 }
 
 double& reserve_limit_locked() {
-  static double limit = [] {
-    const char* text = std::getenv("KILN_RESERVE_WORK_LIMIT");
-    if (text == nullptr || *text == '\0') return 0.05;
-    char* end = nullptr;
-    const double v = std::strtod(text, &end);
-    if (end == text || *end != '\0')
-      throw ValueError(std::string("[memory] KILN_RESERVE_WORK_LIMIT '") + text +
-                       "' is not a number (a share of the step's work such as 0.05, or inf)");
-    return checked_limit(v, "KILN_RESERVE_WORK_LIMIT");
-  }();
+  static double limit = settings::real("KILN_RESERVE_WORK_LIMIT", 0.0).value_or(0.05);
   return limit;
 }
 

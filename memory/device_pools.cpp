@@ -4,10 +4,13 @@
 #include <cmath>
 #include <cstdlib>
 #include <mutex>
+#include <optional>
+#include <string>
 #include <vector>
 
 #include "../core/cuda_driver.h"
 #include "../core/error.h"
+#include "../core/settings.h"
 
 namespace kiln::memory {
 namespace {
@@ -79,8 +82,12 @@ CachingPool& device_pool(int device) {
   CachingPool*& pool = all.pools[static_cast<size_t>(device)];
   if (pool == nullptr) {
     size_t limit = 0;
-    if (const char* text = std::getenv("KILN_DEVICE_MEMORY_LIMIT"); text != nullptr && *text) {
-      limit = parse_memory_size(text, "KILN_DEVICE_MEMORY_LIMIT");
+    if (std::optional<std::string> text = settings::text("KILN_DEVICE_MEMORY_LIMIT")) {
+      try {
+        limit = parse_memory_size(*text, "KILN_DEVICE_MEMORY_LIMIT");
+      } catch (const ValueError&) {
+        settings::reject("KILN_DEVICE_MEMORY_LIMIT", *text);
+      }
     }
     pool = new CachingPool("cuda:" + std::to_string(device) + " pool",
                            std::make_unique<DeviceSource>(device));

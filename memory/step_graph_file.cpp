@@ -4,9 +4,11 @@
 #include <cstdint>
 #include <cstdlib>
 #include <fstream>
+#include <optional>
 #include <sstream>
 
 #include "../core/error.h"
+#include "../core/settings.h"
 
 namespace kiln::memory {
 namespace {
@@ -130,9 +132,9 @@ StepGraphFile load_step_graph(const std::string& path) {
 }
 
 std::string plan_dump_path() {
-  const char* p = std::getenv("KILN_PLAN_DUMP");
-  if (!p || !*p) return {};
-  std::string path = p;
+  std::optional<std::string> set = settings::text("KILN_PLAN_DUMP");
+  if (!set) return {};
+  std::string path = *set;
   if (size_t at = path.find("%n"); at != std::string::npos) {
     static std::atomic<uint64_t> evaluations{0};
     path.replace(at, 2, std::to_string(evaluations.fetch_add(1)));

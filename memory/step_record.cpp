@@ -16,19 +16,13 @@
 #include <utility>
 
 #include "../core/error.h"
+#include "../core/settings.h"
 #include "caching_pool.h"
 
 namespace kiln::memory {
 namespace {
 
-bool recording_from_environment() {
-  const char* text = std::getenv("KILN_RECORD_STEPS");
-  if (!text) return false;
-  std::string value(text);
-  std::transform(value.begin(), value.end(), value.begin(),
-                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
-  return value == "1" || value == "true";
-}
+bool recording_from_environment() { return settings::flag("KILN_RECORD_STEPS"); }
 
 // Function-local, so that a static initialiser elsewhere that asks before this file's
 // globals are set up still sees the environment.

@@ -224,6 +224,7 @@ Tensor elementwise(OpCode op, const std::vector<Tensor>& inputs, const char* ori
   Shape shape = aligned[0].shape();
   for (size_t i = 1; i < aligned.size(); ++i)
     shape = broadcast_shapes(name, shape, aligned[i].shape());
+  check_sizes(name, shape, itemsize(out));
 
   std::vector<NodePtr> nodes;
   for (size_t i = 0; i < aligned.size(); ++i) {
@@ -238,6 +239,7 @@ Tensor elementwise(OpCode op, const std::vector<Tensor>& inputs, const char* ori
 Tensor cast(const Tensor& x, DType dtype) {
   if (!x.defined()) throw ValueError("[cast] the tensor is undefined");
   if (x.dtype() == dtype) return x;
+  check_sizes("cast", x.shape(), itemsize(dtype));
   auto node = std::make_shared<Node>(OpCode::Cast, std::vector<NodePtr>{x.node()}, x.shape(), dtype,
                                      x.device());
   return Tensor(std::move(node));

@@ -19,7 +19,8 @@ using detail::load_as_int64;
 using detail::store_double;
 using detail::store_int64;
 
-const char* name_of(const Node& n) { return n.origin ? n.origin : op_name(n.op).data(); }
+// Errors name the op the user called (a composite around this node, if any).
+const char* name_of(const Node& n) { return n.user_op(); }
 
 // Steps `coords` through `shape` in row-major order.
 void advance(std::vector<int64_t>& coords, const Shape& shape) {

@@ -65,7 +65,7 @@ Tensor reindex(const Tensor& x, const Shape& shape, std::vector<IndexExpr> map, 
                const std::vector<Tensor>& indices, bool check_indices, const char* origin) {
   std::string op = origin_name(origin, "reindex");
   std::vector<NodePtr> inputs = gather_inputs(x, indices, op);
-  check_sizes(op, shape);
+  check_sizes(op, shape, itemsize(x.dtype()));
   if (map.size() != static_cast<size_t>(x.ndim())) {
     throw ShapeError("[" + op + "] index map has " + std::to_string(map.size()) +
                      " expressions but the input has shape " + shape_str(x.shape()) +
@@ -89,7 +89,7 @@ Tensor reindex_reduce(const Tensor& x, ReduceOp reduce, const Shape& shape,
                       bool check_indices, const char* origin) {
   std::string op = origin_name(origin, "reindex_reduce");
   std::vector<NodePtr> inputs = gather_inputs(x, indices, op);
-  check_sizes(op, shape);
+  check_sizes(op, shape, itemsize(x.dtype()));
   if (map.size() != shape.size()) {
     throw ShapeError("[" + op + "] index map has " + std::to_string(map.size()) +
                      " expressions but the output shape " + shape_str(shape) +

@@ -147,7 +147,11 @@ Tensor concat_as(const std::vector<Tensor>& inputs, int64_t axis, const char* op
                        " but tensor 0 has shape " + shape_str(first.shape()) +
                        "; all sizes except along axis " + str(a) + " must match");
     }
-    out[a] += t.shape()[a];
+    if (__builtin_add_overflow(out[a], t.shape()[a], &out[a])) {
+      throw ValueError("[" + name + "] the sizes along axis " + str(a) +
+                       " add up to more than int64 can count (tensor " + str(k) + " has shape " +
+                       shape_str(t.shape()) + ")");
+    }
     dtype = promote_types(dtype, t.dtype());
   }
   // Each piece is placed by a reindex that is in range only over its own segment; a chain
@@ -232,10 +236,13 @@ Tensor reshape(const Tensor& x, const Shape& shape) {
     } else if (shape[d] < -1) {
       throw ValueError("[reshape] invalid size " + str(shape[d]) + " in shape " + shape_str(shape) +
                        "; expected sizes >= 0, or -1 to infer one size");
-    } else {
-      known *= shape[d];
+    } else if (__builtin_mul_overflow(known, shape[d], &known)) {
+      known = 0;  // check_sizes below reports the overflow
     }
   }
+  Shape known_sizes = shape;  // `known` means nothing when these overflow; refuse them
+  if (infer >= 0) known_sizes.erase(known_sizes.begin() + infer);
+  check_sizes("reshape", known_sizes);
   int64_t n = x.numel();
   std::string what = "[reshape] cannot reshape tensor of shape " + shape_str(x.shape()) + " (" +
                      str(n) + " elements) into shape " + shape_str(shape);
@@ -372,7 +379,11 @@ Tensor pad(const Tensor& x, const std::vector<std::pair<int64_t, int64_t>>& pads
   bool any = false;
   for (size_t d = 0; d < pads.size(); ++d) {
     auto [before, after] = pads[d];
-    out[d] += before + after;
+    if (__builtin_add_overflow(out[d], before, &out[d]) ||
+        __builtin_add_overflow(out[d], after, &out[d])) {
+      throw ValueError("[pad] padding (" + str(before) + ", " + str(after) + ") of axis " + str(d) +
+                       " in shape " + shape_str(x.shape()) + " gives a size int64 cannot hold");
+    }
     if (out[d] < 0) {
       throw ShapeError("[pad] padding (" + str(before) + ", " + str(after) + ") of axis " + str(d) +
                        " in shape " + shape_str(x.shape()) + " gives size " + str(out[d]) +

@@ -1,7 +1,9 @@
 #include "sources.h"
 
 #include <cmath>
+#include <cstdint>
 #include <cstring>
+#include <string>
 
 #include "elementwise.h"
 #include "transfer.h"
@@ -10,7 +12,7 @@ namespace kiln {
 namespace {
 
 NodePtr make_source(OpCode op, const Shape& shape, DType dtype, Device device, const char* name) {
-  check_sizes(name, shape);
+  check_sizes(name, shape, itemsize(dtype));
   check_device_available(name, device);
   return std::make_shared<Node>(op, std::vector<NodePtr>{}, shape, dtype, device);
 }
@@ -64,6 +66,14 @@ Tensor arange(const Scalar& start, const Scalar& stop, const Scalar& step, DType
     throw ValueError("[arange] bounds must be finite, got start=" + start.str() +
                      " stop=" + stop.str());
   }
+  // The count in a type that cannot overflow, checked before it becomes a shape: a double
+  // such as 1e30 converted to int64 would be undefined behaviour.
+  auto too_many = [&](const std::string& count) {
+    return ValueError("[arange] start=" + start.str() + " stop=" + stop.str() +
+                      " step=" + step.str() + " gives " + count +
+                      " elements, more than a tensor can hold (at most " +
+                      std::to_string(INT64_MAX) + ")");
+  };
   int64_t n;
   if (start.kind() != Scalar::Kind::Float && stop.kind() != Scalar::Kind::Float &&
       step.kind() != Scalar::Kind::Float) {
@@ -72,11 +82,15 @@ Tensor arange(const Scalar& start, const Scalar& stop, const Scalar& step, DType
     __int128 s = step.to_int64();
     __int128 q = span / s;
     if (span % s != 0 && ((span < 0) == (s < 0))) ++q;
+    if (q > static_cast<__int128>(INT64_MAX))
+      throw too_many(std::to_string(static_cast<unsigned long long>(q)));
     n = q > 0 ? static_cast<int64_t>(q) : 0;
   } else {
     double count = std::ceil((s1 - s0) / st);
+    if (!(count < 9.2e18)) throw too_many(Scalar(count).str());
     n = count > 0 ? static_cast<int64_t>(count) : 0;
   }
+  check_sizes("arange", {n}, itemsize(DType::Float64));  // the float64/int64 ramp below
   Tensor i = index({n}, 0, is_floating(dtype) ? DType::Float64 : DType::Int64);
   Tensor v = is_floating(dtype)
                  ? add(mul(i, scalar_tensor(st)), scalar_tensor(s0))
@@ -94,6 +108,11 @@ Tensor arange(int64_t stop) { return arange(0, stop, 1, DType::Int64); }
 
 Tensor from_data(const void* data, const Shape& shape, DType dtype, Device device) {
   NodePtr node = make_source(OpCode::Constant, shape, dtype, device, "from_data");
+  if (data == nullptr && node->nbytes() > 0) {
+    throw ValueError("[from_data] data is a null pointer for a " + std::string(dtype_name(dtype)) +
+                     shape_str(shape) + " tensor; expected " + std::to_string(node->nbytes()) +
+                     " readable bytes");
+  }
   auto host = std::make_shared<Buffer>(node->nbytes(), Device::cpu());
   if (node->nbytes() > 0) std::memcpy(host->data(), data, node->nbytes());
   node->buffer = device.is_cuda() ? detail::copy_buffer(*host, device) : std::move(host);

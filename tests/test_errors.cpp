@@ -3,10 +3,16 @@
 // the message names the op in brackets and the offending shapes/dtypes. Shape ops,
 // reductions and linalg have their own [errors] tests next to them.
 #include <catch2/catch.hpp>
+#include <cstdint>
+#include <cstdlib>
+#include <filesystem>
 #include <initializer_list>
+#include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "core/settings.h"
 #include "frontend/kiln.h"
 #include "memory/host_pool.h"
 
@@ -308,4 +314,111 @@ TEST_CASE("errors: an unknown executor is reported at evaluation", "[errors]") {
   CHECK_THROWS_AS(y.eval(), kiln::ValueError);
   kiln::set_executor(saved.c_str());
   CHECK(y.to_vector<float>() == std::vector<float>{2.5f, 2.5f});
+}
+
+// Body of the child process of the next test; does nothing unless run by it. The variable
+// under test is set in the child's environment before kiln reads it, and every call that
+// needs it must raise the same ValueError (never std::terminate, never only the first time).
+TEST_CASE("errors: environment child: a bad variable raises from every call that needs it",
+          "[.][errors_env_child]") {
+  const char* which = std::getenv("KILN_ERRORS_ENV_CHILD");
+  if (!which) return;
+  const std::string var = which;
+  auto needs_it = [&] {
+    if (var == "KILN_SEED") return (void)kiln::randn({2});
+    (void)(kiln::full({3}, 1.5f) + 1.0f).to_vector<float>();  // threads, budget
+  };
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    INFO("attempt " << attempt);
+    CHECK_KILN_ERROR(needs_it(), kiln::ValueError, ("[" + var + "]").c_str(), "is not accepted",
+                     "expected");
+  }
+}
+
+TEST_CASE("errors: bad KILN_NUM_THREADS, KILN_SEED and KILN_MEMORY_BUDGET are typed errors",
+          "[errors]") {
+  const std::string self = std::filesystem::read_symlink("/proc/self/exe").string();
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"KILN_NUM_THREADS", "lots"},   {"KILN_NUM_THREADS", "0"},
+      {"KILN_NUM_THREADS", "99999"},  {"KILN_SEED", "-1"},
+      {"KILN_SEED", "12abc"},         {"KILN_SEED", "99999999999999999999"},
+      {"KILN_MEMORY_BUDGET", "lots"}, {"KILN_MEMORY_BUDGET", "1.5"}};
+  for (const auto& [var, value] : cases) {
+    INFO(var << "='" << value << "'");
+    const std::string command = var + "='" + value + "' KILN_ERRORS_ENV_CHILD=" + var + " '" +
+                                self + "' '[errors_env_child]' >/dev/null 2>&1";
+    CHECK(std::system(command.c_str()) == 0);
+  }
+}
+
+TEST_CASE("errors: every KILN_ variable kiln reads is registered once", "[errors]") {
+  std::set<std::string> names;
+  for (const kiln::settings::Variable& v : kiln::settings::variables()) {
+    INFO(v.name);
+    CHECK(std::string(v.name).rfind("KILN_", 0) == 0);
+    CHECK(names.insert(v.name).second);
+    CHECK(std::string(v.accepted).size() > 0);
+  }
+  CHECK(names.count("KILN_NUM_THREADS") == 1);
+  CHECK(names.count("KILN_SEED") == 1);
+  CHECK(names.count("KILN_MEMORY_BUDGET") == 1);
+  CHECK_THROWS_AS(kiln::settings::variable("KILN_NOT_A_VARIABLE"), kiln::ValueError);
+}
+
+TEST_CASE("errors: shapes whose size overflows int64 are rejected when built", "[errors]") {
+  const int64_t big = int64_t{1} << 32;
+  CHECK_KILN_ERROR(kiln::ones({big, big}), kiln::ValueError, "[full]", "[4294967296, 4294967296]",
+                   "int64");
+  CHECK_KILN_ERROR(kiln::zeros({3037000500, 3037000500}), kiln::ValueError, "[full]", "int64");
+  // The element count fits, the byte count does not.
+  CHECK_KILN_ERROR(kiln::zeros({int64_t{1} << 62}, DType::Int32), kiln::ValueError, "[full]",
+                   "bytes");
+  // A zero size makes any shape empty, like numpy.
+  CHECK(kiln::zeros({big, big, 0}).numel() == 0);
+  CHECK_KILN_ERROR(kiln::zeros({big, 1}) + kiln::zeros({1, big}), kiln::ValueError, "[add]",
+                   "int64");
+  CHECK_KILN_ERROR(kiln::broadcast_to(kiln::zeros({1, 1}), {big, big}), kiln::ValueError,
+                   "[broadcast_to]", "int64");
+  CHECK_KILN_ERROR(kiln::matmul(kiln::zeros({big, 2}), kiln::zeros({2, big})), kiln::ValueError,
+                   "[matmul]");
+  const Tensor half = kiln::zeros({INT64_MAX / 2 + 1}, DType::Bool);
+  CHECK_KILN_ERROR(kiln::concat({half, half}), kiln::Error, "[concat]");
+  CHECK_KILN_ERROR(kiln::reshape(kiln::zeros({4}), {big, big}), kiln::ValueError, "[reshape]",
+                   "int64");
+  CHECK_KILN_ERROR(kiln::cast(kiln::zeros({int64_t{1} << 61}, DType::Bool), DType::Float64),
+                   kiln::ValueError, "[cast]", "bytes");
+  // A shape that fits still works.
+  CHECK(kiln::zeros({big, 0}).shape() == Shape{big, 0});
+}
+
+TEST_CASE("errors: from_data, arange and an empty optimizer name the value", "[errors]") {
+  CHECK_KILN_ERROR(kiln::from_data(nullptr, {2, 3}, DType::Float32), kiln::ValueError,
+                   "[from_data]", "null", "float32[2, 3]", "24");
+  CHECK(kiln::from_data(nullptr, {0, 3}, DType::Float32).numel() == 0);
+  CHECK_KILN_ERROR(kiln::arange(0, 1e30), kiln::ValueError, "[arange]", "1e+30");
+  CHECK_KILN_ERROR(kiln::arange(INT64_MIN, INT64_MAX, 1), kiln::ValueError, "[arange]");
+  CHECK_KILN_ERROR(kiln::optim::SGD(std::vector<Tensor>{}, {}), kiln::ValueError, "[SGD]",
+                   "empty parameter list");
+  CHECK_KILN_ERROR(kiln::optim::AdamW(std::vector<Tensor>{}, {}), kiln::ValueError, "[AdamW]",
+                   "empty parameter list");
+}
+
+TEST_CASE("errors: composite ops name themselves, not their inner ops", "[errors]") {
+  Tensor logits = kiln::full({2, 3}, 0.5f);
+  Tensor bad = kiln::from_vector<int64_t>({0, 7});
+  CHECK_KILN_ERROR(kiln::nn::F::cross_entropy(logits, bad).eval(), kiln::IndexError,
+                   "[cross_entropy]", "7");
+  CHECK_KILN_ERROR(kiln::nn::F::nll_loss(logits, bad).eval(), kiln::IndexError, "[nll_loss]", "7");
+  CHECK_KILN_ERROR(kiln::nn::F::embedding(bad, kiln::full({5, 2}, 1.0f)).eval(), kiln::IndexError,
+                   "[embedding]", "7");
+  CHECK_KILN_ERROR(kiln::one_hot(bad, 3).eval(), kiln::IndexError, "[one_hot]", "7");
+  // The same kernels under the reference executor name the same op.
+  std::string saved = kiln::current_executor();
+  kiln::set_executor("reference");
+  CHECK_KILN_ERROR(kiln::nn::F::cross_entropy(logits, bad).eval(), kiln::IndexError,
+                   "[cross_entropy]", "7");
+  kiln::set_executor(saved.c_str());
+  // A plain gather outside any composite still names itself.
+  CHECK_KILN_ERROR(kiln::gather(logits, 1, kiln::from_vector<int64_t>({0, 9}, {2, 1})).eval(),
+                   kiln::IndexError, "[gather]", "9");
 }

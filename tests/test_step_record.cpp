@@ -474,11 +474,11 @@ TEST_CASE("step recording child: reports the switch read from the environment",
   CHECK(kiln::memory::step_recording() == (std::string(expect) == "on"));
 }
 
-TEST_CASE("KILN_RECORD_STEPS turns recording on with 1 or true only", "[trace]") {
+TEST_CASE("KILN_RECORD_STEPS is a switch: 1, true, on or yes turn recording on", "[trace]") {
   const std::string self = std::filesystem::read_symlink("/proc/self/exe").string();
   const std::vector<std::pair<std::string, std::string>> cases = {
       {"1", "on"},      {"true", "on"}, {"TRUE", "on"}, {"0", "off"},
-      {"false", "off"}, {"", "off"},    {"yes", "off"}};
+      {"false", "off"}, {"", "off"},    {"yes", "on"}};
   for (const auto& [value, expect] : cases) {
     INFO("KILN_RECORD_STEPS='" << value << "'");
     const std::string command = "KILN_RECORD_STEPS='" + value +

@@ -1,8 +1,8 @@
 #pragma once
-// What the training examples share: `--flag value` parsing with defaults and usage text, a
-// one-line progress bar, the memory budget and pictures of a training step
-// (--memory-budget, --memory-timeline, --trace), and the closing report (kernel cache,
-// memory pools, budget and the last step's plan).
+// What the training examples share: the flag parser (flags.h), a one-line progress bar,
+// the memory budget and pictures of a training step (--memory-budget, --memory-timeline,
+// --trace), and the closing report (kernel cache, memory pools, budget and the last step's
+// plan).
 #include <kiln/kiln.h>
 
 #include <chrono>
@@ -15,75 +15,11 @@
 #include <string>
 #include <vector>
 
+#include "flags.h"
 #include "memory/memory.h"
 #include "memory/step_record.h"
 
 namespace example {
-
-/// Parses `--name value` pairs against declared flags; `--help` prints the usage.
-class Flags {
- public:
-  Flags(std::string program, std::string summary)
-      : program_(std::move(program)), summary_(std::move(summary)) {}
-
-  /// Declares a flag with its default and a one-line description.
-  void add(const std::string& name, const std::string& fallback, const std::string& help) {
-    values_[name] = fallback;
-    order_.push_back({name, help});
-  }
-  /// Returns false (after printing usage or the error) when the program should exit.
-  bool parse(int argc, char** argv, int* exit_code) {
-    for (int i = 1; i < argc; ++i) {
-      std::string arg = argv[i];
-      if (arg == "--help" || arg == "-h") {
-        usage(std::cout);
-        *exit_code = 0;
-        return false;
-      }
-      std::string name = arg.rfind("--", 0) == 0 ? arg.substr(2) : "";
-      if (name.empty() || !values_.count(name) || i + 1 >= argc) {
-        std::cerr << program_ << ": "
-                  << (name.empty() || !values_.count(name) ? "unknown option "
-                                                           : "missing value for ")
-                  << arg << "\n";
-        usage(std::cerr);
-        *exit_code = 2;
-        return false;
-      }
-      values_[name] = argv[++i];
-    }
-    return true;
-  }
-  /// Parses the command line and calls `run`; usage errors exit 2, kiln errors (bad data,
-  /// a missing file) print "program: error: ..." and exit 1.
-  template <typename Run>
-  int main(int argc, char** argv, Run&& run) {
-    int code = 0;
-    if (!parse(argc, argv, &code)) return code;
-    try {
-      return run(*this);
-    } catch (const std::exception& e) {
-      std::fprintf(stderr, "%s: error: %s\n", program_.c_str(), e.what());
-      return 1;
-    }
-  }
-  std::string str(const std::string& name) const { return values_.at(name); }
-  int64_t integer(const std::string& name) const { return std::stoll(values_.at(name)); }
-  double real(const std::string& name) const { return std::stod(values_.at(name)); }
-
- private:
-  void usage(std::ostream& os) const {
-    os << "usage: " << program_ << " [options]\n" << summary_ << "\n\noptions:\n";
-    for (const auto& [name, help] : order_) {
-      os << "  --" << name
-         << " (default: " << (values_.at(name).empty() ? "none" : values_.at(name)) << ")\n      "
-         << help << "\n";
-    }
-  }
-  std::string program_, summary_;
-  std::map<std::string, std::string> values_;
-  std::vector<std::pair<std::string, std::string>> order_;
-};
 
 /// Redraws one terminal line: "label [#####.....] 12/40 text".
 inline void progress(const std::string& label, int64_t done, int64_t total,

@@ -5,11 +5,13 @@
 #include <chrono>
 #include <iostream>
 
+#include "common/flags.h"
+
 namespace {
 void section(const char* title) { std::cout << "\n== " << title << " ==\n"; }
 }  // namespace
 
-int main() {
+int tour() {
   using namespace kiln;
 
   section("1. Broadcasting: a [3,1] + b [4] -> [3,4]");
@@ -59,4 +61,12 @@ int main() {
   auto us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0);
   std::cout << "1000 more eval() calls: " << static_cast<int>(us.count()) << " us in total\n";
   return 0;
+}
+
+int main(int argc, char** argv) {
+  example::Flags flags("quickstart",
+                       "A tour of kiln: builds a lazy graph, prints it, evaluates it and reads "
+                       "the results.");
+  // A kiln::Error (a bad KILN_* variable, say) prints "quickstart: error: ..." and exits 1.
+  return flags.main(argc, argv, [](const example::Flags&) { return tour(); });
 }

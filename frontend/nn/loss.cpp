@@ -114,6 +114,7 @@ void check_same_shape(const Tensor& input, const Tensor& target, const char* op)
 
 Tensor cross_entropy(const Tensor& input, const Tensor& target, const CrossEntropyOptions& o) {
   const char* op = "cross_entropy";
+  CompositeScope scope(op);  // the inner gather's index errors name cross_entropy
   check_input(input, op);
   detail::require_defined(target, op, "target");
   check_options(o, op);
@@ -144,6 +145,7 @@ Tensor cross_entropy(const Tensor& input, const Tensor& target, const CrossEntro
 
 Tensor nll_loss(const Tensor& input, const Tensor& target, const CrossEntropyOptions& o) {
   const char* op = "nll_loss";
+  CompositeScope scope(op);  // the inner gather's index errors name nll_loss
   check_input(input, op);
   detail::require_defined(target, op, "target");
   check_weight(o.weight, input, op);
