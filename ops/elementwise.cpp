@@ -375,6 +375,14 @@ std::vector<Tensor> elementwise_vjp(const Node& n, const std::vector<Tensor>& in
       d[0] = g * (out + 1);
       break;
     case OpCode::Sqrt:
+      if (n.origin != nullptr && std::string_view(n.origin) == "std") {
+        // std's square root (ops/reduce_ops.cpp): where the deviation is 0, 0.5 / out is inf
+        // and the variance's zero derivative turns it into NaN; torch.std's gradient there is
+        // 0. The divisor is made 1 there too, so a second derivative meets no 0/0 either.
+        Tensor zero = out == 0;
+        d[0] = where(zero, 0, g * 0.5 / where(zero, 1, out));
+        break;
+      }
       d[0] = g * 0.5 / out;
       break;
     case OpCode::Rsqrt:

@@ -160,12 +160,18 @@ Tensor var_impl(const Tensor& x, const std::vector<int64_t>& axes, bool keepdim,
   require_floating(x, origin);
   std::vector<bool> mask = reduced_mask(x, axes, origin);
   Tensor xc = compute_type(x);
-  Tensor centered = binary(OpCode::Sub, xc, mean_masked(xc, mask, true, origin), origin);
-  Tensor sq = binary(OpCode::Mul, centered, centered, origin);
-  Tensor s = reduce_masked(sq, ReduceOp::Sum, mask, keepdim, origin);
   // torch divides by max(N - correction, 0): a zero divisor gives inf or NaN, not an error.
   int64_t n = reduced_count(x.shape(), mask);
   double divisor = static_cast<double>(std::max<int64_t>(n - correction, 0));
+  Tensor mu = mean_masked(xc, mask, true, origin);
+  // The mean's part of the gradient is 2/divisor * sum(x - mean) = 0. With a zero divisor
+  // that is inf * 0 = NaN and would spoil every element; torch's gradient there is
+  // inf * (x - mean) (NaN only where x equals the mean), which detaching the mean gives.
+  // A value that is inf or NaN has no second derivative to lose.
+  if (divisor == 0.0) mu = mu.detach();
+  Tensor centered = binary(OpCode::Sub, xc, mu, origin);
+  Tensor sq = binary(OpCode::Mul, centered, centered, origin);
+  Tensor s = reduce_masked(sq, ReduceOp::Sum, mask, keepdim, origin);
   return binary(OpCode::Div, s, scalar_tensor(divisor), origin);
 }
 
