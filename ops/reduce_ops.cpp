@@ -126,8 +126,9 @@ Tensor unary(OpCode op, const Tensor& a, const char* origin) {
   return elementwise(op, {a}, origin);
 }
 
-// The max used as a stability shift, with infinities replaced by 0: an all -inf row then
-// gives exp(-inf) = 0 terms rather than exp(-inf - -inf) = NaN.
+// logsumexp's stability shift: the max with infinities replaced by 0, so an all -inf row
+// gives log(0) = -inf rather than exp(-inf - -inf) = NaN, and a +inf gives inf (torch's
+// answers for both).
 Tensor finite_shift(const Tensor& m, const char* origin) {
   Tensor inf = binary(OpCode::Eq, unary(OpCode::Abs, m, origin), scalar_tensor(INFINITY), origin);
   return elementwise(OpCode::Where, {inf, scalar_tensor(0.0), m}, origin);
@@ -228,8 +229,14 @@ Tensor softmax_impl(const Tensor& x, int64_t axis, bool log_space, const char* o
   Tensor xc = compute_type(x);
   // The shift is detached: the result does not depend on it, so its gradient is zero, and a
   // shift without history keeps the max-reduction out of the backward graph.
+  // Only a -inf maximum is replaced (an all -inf row then gives 0/0 = NaN, as torch): a +inf
+  // maximum stays, so x - max is NaN at the +inf and the whole row is NaN, as torch gives.
+  Tensor m = reduce_masked(xc, ReduceOp::Max, mask, true, origin);
   Tensor shift =
-      finite_shift(reduce_masked(xc, ReduceOp::Max, mask, true, origin), origin).detach();
+      elementwise(OpCode::Where,
+                  {binary(OpCode::Eq, m, scalar_tensor(-INFINITY), origin), scalar_tensor(0.0), m},
+                  origin)
+          .detach();
   Tensor z = binary(OpCode::Sub, xc, shift, origin);
   Tensor e = unary(OpCode::Exp, z, origin);
   Tensor s = reduce_masked(e, ReduceOp::Sum, mask, true, origin);
