@@ -239,9 +239,10 @@ std::vector<Tensor> reindex_vjp(const Node& n, const std::vector<Tensor>& inputs
     }
     case ReduceOp::Max:
     case ReduceOp::Min: {
-      // Ties share the gradient evenly, as torch.amax / amin.
+      // Ties share the gradient evenly, as torch.amax / amin. A NaN extreme is the group's
+      // NaNs (which equal nothing), as torch.max()'s even split gives them the gradient.
       Tensor spread = reindex(out, x.shape(), n.index_map, 0, indices, false, "max backward");
-      Tensor hit = eq(x, spread);
+      Tensor hit = logical_or(eq(x, spread), logical_and(ne(x, x), ne(spread, spread)));
       Tensor count = reindex_reduce(cast(hit, g.dtype()), ReduceOp::Sum, n.shape, n.index_map,
                                     indices, false, "max backward");
       Tensor share = reindex(g / count, x.shape(), n.index_map, 0, indices, false, "max backward");
