@@ -377,6 +377,14 @@ std::vector<Tensor> elementwise_vjp(const Node& n, const std::vector<Tensor>& in
       d[0] = g * (out + 1);
       break;
     case OpCode::Sqrt:
+      if (n.origin != nullptr && std::string_view(n.origin) == "std") {
+        // std's square root (ops/reduce_ops.cpp): where the deviation is 0, 0.5 / out is inf
+        // and the variance's zero derivative turns it into NaN; torch.std's gradient there is
+        // 0. The divisor is made 1 there too, so a second derivative meets no 0/0 either.
+        Tensor zero = out == 0;
+        d[0] = where(zero, 0, g * 0.5 / where(zero, 1, out));
+        break;
+      }
       d[0] = g * 0.5 / out;
       break;
     case OpCode::Rsqrt:
@@ -436,10 +444,20 @@ std::vector<Tensor> elementwise_vjp(const Node& n, const std::vector<Tensor>& in
         break;
       }
       Tensor a_wins = n.op == OpCode::Maximum ? a > b : a < b;
-      // Ties split the gradient, as torch.maximum.
+      Tensor b_wins = n.op == OpCode::Maximum ? a < b : a > b;
+      if (n.origin != nullptr && std::string_view(n.origin) == "clamp") {
+        // clamp(x, lo, hi) is minimum(maximum(x, lo), hi) with x's side first: as
+        // torch.clamp, x keeps the gradient where it equals a bound, a bound gets it only
+        // where it strictly wins, and a NaN passes nothing back.
+        d[0] = where(n.op == OpCode::Maximum ? a >= b : a <= b, g, 0);
+        d[1] = where(b_wins, g, 0);
+        break;
+      }
+      // Ties split the gradient, as torch.maximum; a NaN (neither wins nor ties) passes it to
+      // both sides, as torch's masked rule does.
       Tensor tie = a == b;
       Tensor half = g * 0.5;
-      d[0] = where(a_wins, g, where(tie, half, 0));
+      d[0] = where(b_wins, 0, where(tie, half, g));
       d[1] = where(a_wins, 0, where(tie, half, g));
       break;
     }

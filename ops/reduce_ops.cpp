@@ -126,8 +126,9 @@ Tensor unary(OpCode op, const Tensor& a, const char* origin) {
   return elementwise(op, {a}, origin);
 }
 
-// The max used as a stability shift, with infinities replaced by 0: an all -inf row then
-// gives exp(-inf) = 0 terms rather than exp(-inf - -inf) = NaN.
+// logsumexp's stability shift: the max with infinities replaced by 0, so an all -inf row
+// gives log(0) = -inf rather than exp(-inf - -inf) = NaN, and a +inf gives inf (torch's
+// answers for both).
 Tensor finite_shift(const Tensor& m, const char* origin) {
   Tensor inf = binary(OpCode::Eq, unary(OpCode::Abs, m, origin), scalar_tensor(INFINITY), origin);
   return elementwise(OpCode::Where, {inf, scalar_tensor(0.0), m}, origin);
@@ -160,12 +161,18 @@ Tensor var_impl(const Tensor& x, const std::vector<int64_t>& axes, bool keepdim,
   require_floating(x, origin);
   std::vector<bool> mask = reduced_mask(x, axes, origin);
   Tensor xc = compute_type(x);
-  Tensor centered = binary(OpCode::Sub, xc, mean_masked(xc, mask, true, origin), origin);
-  Tensor sq = binary(OpCode::Mul, centered, centered, origin);
-  Tensor s = reduce_masked(sq, ReduceOp::Sum, mask, keepdim, origin);
   // torch divides by max(N - correction, 0): a zero divisor gives inf or NaN, not an error.
   int64_t n = reduced_count(x.shape(), mask);
   double divisor = static_cast<double>(std::max<int64_t>(n - correction, 0));
+  Tensor mu = mean_masked(xc, mask, true, origin);
+  // The mean's part of the gradient is 2/divisor * sum(x - mean) = 0. With a zero divisor
+  // that is inf * 0 = NaN and would spoil every element; torch's gradient there is
+  // inf * (x - mean) (NaN only where x equals the mean), which detaching the mean gives.
+  // A value that is inf or NaN has no second derivative to lose.
+  if (divisor == 0.0) mu = mu.detach();
+  Tensor centered = binary(OpCode::Sub, xc, mu, origin);
+  Tensor sq = binary(OpCode::Mul, centered, centered, origin);
+  Tensor s = reduce_masked(sq, ReduceOp::Sum, mask, keepdim, origin);
   return binary(OpCode::Div, s, scalar_tensor(divisor), origin);
 }
 
@@ -222,8 +229,14 @@ Tensor softmax_impl(const Tensor& x, int64_t axis, bool log_space, const char* o
   Tensor xc = compute_type(x);
   // The shift is detached: the result does not depend on it, so its gradient is zero, and a
   // shift without history keeps the max-reduction out of the backward graph.
+  // Only a -inf maximum is replaced (an all -inf row then gives 0/0 = NaN, as torch): a +inf
+  // maximum stays, so x - max is NaN at the +inf and the whole row is NaN, as torch gives.
+  Tensor m = reduce_masked(xc, ReduceOp::Max, mask, true, origin);
   Tensor shift =
-      finite_shift(reduce_masked(xc, ReduceOp::Max, mask, true, origin), origin).detach();
+      elementwise(OpCode::Where,
+                  {binary(OpCode::Eq, m, scalar_tensor(-INFINITY), origin), scalar_tensor(0.0), m},
+                  origin)
+          .detach();
   Tensor z = binary(OpCode::Sub, xc, shift, origin);
   Tensor e = unary(OpCode::Exp, z, origin);
   Tensor s = reduce_masked(e, ReduceOp::Sum, mask, true, origin);

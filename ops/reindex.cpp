@@ -217,15 +217,32 @@ std::vector<Tensor> reindex_vjp(const Node& n, const std::vector<Tensor>& inputs
     case ReduceOp::Sum:
       grads[0] = reindex(g, x.shape(), n.index_map, 0, indices, false, "reduce backward");
       break;
-    case ReduceOp::Prod:
-      // d prod / d x_i = prod / x_i (inputs with zeros give inf/nan, as the product rule does).
-      grads[0] = reindex(g * out, x.shape(), n.index_map, 0, indices, false, "prod backward") / x;
+    case ReduceOp::Prod: {
+      // d prod / d x_i is the product of the other elements of x_i's group. That is prod / x_i
+      // only where the group has no zero; with one zero, the zero's gradient is the product of
+      // the non-zeros and the rest get 0; with several, every gradient is 0 (torch.prod's
+      // rule). Zeros are divided by 1 instead, so no branch of the selects holds 0/0 that a
+      // second derivative would carry.
+      auto spread = [&](const Tensor& t) {
+        return reindex(t, x.shape(), n.index_map, 0, indices, false, "prod backward");
+      };
+      auto group = [&](const Tensor& t, ReduceOp op) {
+        return reindex_reduce(t, op, n.shape, n.index_map, indices, false, "prod backward");
+      };
+      Tensor zero = eq(x, 0);
+      Tensor zeros_in_group = group(cast(zero, x.dtype()), ReduceOp::Sum);
+      Tensor others = group(where(zero, 1, x), ReduceOp::Prod);
+      Tensor at_zero = spread(g * where(zeros_in_group == 1, others, 0));
+      Tensor at_nonzero = spread(g * where(zeros_in_group == 0, out, 0)) / where(zero, 1, x);
+      grads[0] = where(zero, at_zero, at_nonzero);
       break;
+    }
     case ReduceOp::Max:
     case ReduceOp::Min: {
-      // Ties share the gradient evenly, as torch.amax / amin.
+      // Ties share the gradient evenly, as torch.amax / amin. A NaN extreme is the group's
+      // NaNs (which equal nothing), as torch.max()'s even split gives them the gradient.
       Tensor spread = reindex(out, x.shape(), n.index_map, 0, indices, false, "max backward");
-      Tensor hit = eq(x, spread);
+      Tensor hit = logical_or(eq(x, spread), logical_and(ne(x, x), ne(spread, spread)));
       Tensor count = reindex_reduce(cast(hit, g.dtype()), ReduceOp::Sum, n.shape, n.index_map,
                                     indices, false, "max backward");
       Tensor share = reindex(g / count, x.shape(), n.index_map, 0, indices, false, "max backward");

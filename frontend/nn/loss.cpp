@@ -184,7 +184,9 @@ Tensor binary_cross_entropy_with_logits(const Tensor& input, const Tensor& targe
   const char* op = "binary_cross_entropy_with_logits";
   check_same_shape(input, target, op);
   // log(1 + e^-|x|) + max(-x, 0) is log(1 + e^-x) without overflow for either sign of x.
-  Tensor softplus_neg = log1p(exp(-abs(input))) + relu(-input);
+  // maximum, not relu: at x = 0 its tie splits the gradient (-1/2) where relu's gives 0, and
+  // abs gives 0 there, so the sum keeps the true derivative -sigmoid(0) = -1/2.
+  Tensor softplus_neg = log1p(exp(-abs(input))) + maximum(-input, 0.0);
   Tensor loss;
   if (o.pos_weight.defined()) {
     detail::require_same_dtype(input, o.pos_weight, op, "pos_weight");
