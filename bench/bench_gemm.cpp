@@ -1,82 +1,253 @@
-// Square float32 GEMM through kiln::matmul against cblas_sgemm from OpenBLAS called
-// directly in the same process (same inputs, same thread count), sizes 256..2048.
-// kiln's time covers building the matmul and evaluating it (after warm-up); whether kiln
-// routes it to the library or to generated code is shown in the note column.
-//
-// Usage: bench_gemm [--json PATH]     env: BENCH_REPS (default 9)
+// float32 GEMM through kiln::matmul against the best of the libraries called directly in the
+// same run, with the same inputs and thread count: oneDNN (kiln's float32 library), OpenBLAS
+// on the kernels it picked (and, when it picked generic ones on a CPU with AVX2, on the
+// right ones: OPENBLAS_CORETYPE set for a child run of this program alone), and
+// torch.matmul where PyTorch is importable. Shapes: squares 256..2048, the benchmark
+// LSTM's step (and its weight gradient, A transposed) and the Transformer's projections.
+// Wall and process CPU time are medians; the CPU-time ratio survives a loaded machine.
+// kiln's time covers building the matmul and evaluating it (after warm-up).
 #include <cblas.h>
+#include <dlfcn.h>
 
+#include <algorithm>
 #include <cstdio>
+#include <ctime>
+#include <functional>
+#include <map>
 #include <string>
 #include <vector>
 
 #include "bench_common.h"
+#include "jit/blas.h"
 #include "jit/executor.h"
 #include "kiln/kiln.h"
 
+#if KILN_BENCH_DNNL
+#include <dnnl.h>
+#endif
+
+namespace {
+
+using namespace kiln;
+using namespace kiln::bench;
+
+struct Shape3 {
+  const char* what;
+  int64_t m, n, k;
+  bool ta;  // A stored [k, m] and used transposed (a weight gradient)
+};
+
+const Shape3 kShapes[] = {
+    {"square", 256, 256, 256, false},
+    {"square", 512, 512, 512, false},
+    {"square", 1024, 1024, 1024, false},
+    {"square", 2048, 2048, 2048, false},
+    {"lstm step", 32, 1024, 256, false},
+    {"lstm weight grad", 256, 1024, 32, true},
+    {"transformer qkv", 2048, 768, 256, false},
+    {"transformer ffn1", 2048, 1024, 256, false},
+    {"transformer ffn2", 2048, 256, 1024, false},
+};
+
+struct Times {
+  double wall_ms = -1, cpu_ms = -1;
+};
+
+double process_cpu_ms() {
+  timespec t;
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+  return t.tv_sec * 1e3 + t.tv_nsec * 1e-6;
+}
+
+// Medians of wall and process CPU time of `reps` runs after `warmup`.
+Times timed(int warmup, int reps, const std::function<void()>& fn) {
+  for (int i = 0; i < warmup; ++i) fn();
+  std::vector<double> wall, cpu;
+  for (int i = 0; i < reps; ++i) {
+    const double c0 = process_cpu_ms();
+    const auto w0 = Clock::now();
+    fn();
+    wall.push_back(ms_since(w0));
+    cpu.push_back(process_cpu_ms() - c0);
+  }
+  return {median(wall), median(cpu)};
+}
+
+int reps_for(const Shape3& s, int reps) {
+  return 2.0 * s.m * s.n * s.k > 4e9 ? std::max(3, reps / 2) : reps;
+}
+
+// OpenBLAS threaded over `threads`, each shape on fresh inputs.
+std::vector<Times> openblas_times(int threads, int reps) {
+  openblas_set_num_threads(threads);
+  std::vector<Times> out;
+  for (const Shape3& s : kShapes) {
+    std::vector<float> a(static_cast<size_t>(s.m * s.k), 0.25f),
+        b(static_cast<size_t>(s.k * s.n), 0.5f), c(static_cast<size_t>(s.m * s.n));
+    out.push_back(timed(2, reps_for(s, reps), [&] {
+      cblas_sgemm(CblasRowMajor, s.ta ? CblasTrans : CblasNoTrans, CblasNoTrans,
+                  static_cast<int>(s.m), static_cast<int>(s.n), static_cast<int>(s.k), 1.0f,
+                  a.data(), static_cast<int>(s.ta ? s.m : s.k), b.data(), static_cast<int>(s.n),
+                  0.0f, c.data(), static_cast<int>(s.n));
+    }));
+  }
+  openblas_set_num_threads(1);
+  return out;
+}
+
+// The OpenBLAS core for this CPU's vector features, for a child run when it picked generic.
+const char* right_openblas_core() {
+  if (__builtin_cpu_supports("avx512bf16")) return "Cooperlake";
+  if (__builtin_cpu_supports("avx512bw")) return "SkylakeX";
+  if (__builtin_cpu_supports("avx2")) return "Haswell";
+  return nullptr;
+}
+
+// torch.matmul's times by shape, or empty with `note` saying why.
+std::map<std::string, Times> torch_times(int threads, int reps, std::string& note) {
+  std::map<std::string, Times> out;
+  if (std::system("python3 -c 'import torch' >/dev/null 2>&1") != 0) {
+    note = "PyTorch not installed";
+    return out;
+  }
+  std::string cmd = "python3 " KILN_BENCH_DIR "/bench_gemm_torch.py --threads " +
+                    std::to_string(threads) + " --reps " + std::to_string(reps);
+  for (const Shape3& s : kShapes)
+    cmd += " " + std::to_string(s.m) + "," + std::to_string(s.n) + "," + std::to_string(s.k) + "," +
+           std::to_string(s.ta ? 1 : 0);
+  FILE* p = popen(cmd.c_str(), "r");
+  if (!p) {
+    note = "could not run bench_gemm_torch.py";
+    return out;
+  }
+  char line[256];
+  while (std::fgets(line, sizeof line, p)) {
+    long long m, n, k;
+    int ta;
+    Times t;
+    if (std::sscanf(line, "RESULT %lld %lld %lld %d %lf %lf", &m, &n, &k, &ta, &t.wall_ms,
+                    &t.cpu_ms) == 6)
+      out[std::to_string(m) + "," + std::to_string(n) + "," + std::to_string(k) + "," +
+          std::to_string(ta)] = t;
+  }
+  if (pclose(p) != 0 && out.empty()) note = "bench_gemm_torch.py failed";
+  return out;
+}
+
+std::string key_of(const Shape3& s) {
+  return std::to_string(s.m) + "," + std::to_string(s.n) + "," + std::to_string(s.k) + "," +
+         std::to_string(s.ta ? 1 : 0);
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
-  using namespace kiln;
-  using namespace kiln::bench;
   example::Flags flags =
-      bench_flags("bench_gemm", "kiln's GEMM path against OpenBLAS called directly.");
+      bench_flags("bench_gemm",
+                  "kiln's float32 GEMM against oneDNN, OpenBLAS and torch.matmul called directly.");
+  flags.add("openblas-only", "0",
+            "1: print OpenBLAS's times alone (the child run with OPENBLAS_CORETYPE set)");
   flags.note("environment: BENCH_REPS (timed repetitions, default 9)");
   if (std::optional<int> code = parse_or_exit(flags, argc, argv)) return *code;
-  Results results(flags.str("json"));
   const int reps = env_int("BENCH_REPS", 9);
   const int threads = thread_pool().size();
+  if (flags.str("openblas-only") == "1") {
+    const std::vector<Times> t = openblas_times(threads, reps);
+    for (size_t i = 0; i < t.size(); ++i)
+      std::printf("OPENBLAS %zu %.6f %.6f\n", i, t[i].wall_ms, t[i].cpu_ms);
+    return 0;
+  }
+  Results results(flags.str("json"));
   const std::string compiler = compiler_label();
-  std::printf("bench_gemm: %d threads, compiler %s\n", threads, compiler.c_str());
+  const jit::GemmPath path = jit::gemm_path(DType::Float32);
+  const jit::GemmPath blas = jit::gemm_path(DType::Float64);  // OpenBLAS's own path
+  std::printf("bench_gemm: %d threads, compiler %s, kiln float32 GEMM: %s %s (%s)\n", threads,
+              compiler.c_str(), path.library.c_str(), path.version.c_str(), path.kernels.c_str());
 
-  for (int n : {256, 512, 1024, 2048}) {
-    Tensor a = (rand({n, n}) - 0.5f).eval(), b = (rand({n, n}) - 0.5f).eval();
-    const float* pa = a.data<float>();
-    const float* pb = b.data<float>();
-    std::vector<float> c(static_cast<size_t>(n) * n);
-    // Fewer repetitions for the large sizes keep the whole run short.
-    int r = n >= 2048 ? std::max(3, reps / 2) : reps;
-    // The baseline is OpenBLAS threading itself over as many threads as kiln's pool has;
-    // kiln runs OpenBLAS single-threaded and splits the work over its own pool, so the
-    // setting goes back to 1 afterwards.
-    openblas_set_num_threads(threads);
-    double blas_ms = median_ms(2, r, [&] {
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, pa, n, pb, n, 0.0f,
-                  c.data(), n);
-    });
-    openblas_set_num_threads(1);
-
-    // Check kiln against the library once before timing it.
-    Tensor k = matmul(a, b).eval();
-    const float* pk = k.data<float>();
-    double worst = 0;
-    for (size_t i = 0; i < c.size(); i += 97) {
-      worst = std::max(worst, std::abs(static_cast<double>(pk[i]) - c[i]) /
-                                  std::max(1.0, std::abs(static_cast<double>(c[i]))));
+  std::vector<Times> openblas = openblas_times(threads, reps);
+  std::string openblas_label = "openblas(" + blas.kernels + ")";
+  if (blas.library == "OpenBLAS" && blas.generic && right_openblas_core()) {
+    // What OpenBLAS does on kernels for this CPU: the core type is read once at load, so a
+    // child process of this program runs with it set, for that command alone.
+    const std::string cmd = std::string("OPENBLAS_CORETYPE=") + right_openblas_core() + " '" +
+                            std::string(argv[0]) + "' --openblas-only 1";
+    if (FILE* p = popen(cmd.c_str(), "r")) {
+      char line[256];
+      size_t i;
+      Times t;
+      while (std::fgets(line, sizeof line, p))
+        if (std::sscanf(line, "OPENBLAS %zu %lf %lf", &i, &t.wall_ms, &t.cpu_ms) == 3 &&
+            i < openblas.size() && t.wall_ms < openblas[i].wall_ms)
+          openblas[i] = t;
+      pclose(p);
+      openblas_label = std::string("openblas(") + right_openblas_core() + ", set)";
     }
-    if (worst > 1e-3) {
-      std::fprintf(stderr, "bench_gemm: kiln and OpenBLAS differ at n=%d (rel %.3g)\n", n, worst);
-      return 1;
-    }
+  }
+  std::string torch_note;
+  const std::map<std::string, Times> torch = torch_times(threads, reps, torch_note);
 
-    double kiln_ms = median_ms(2, r, [&] { matmul(a, b).eval(); });
-    jit::EvalStats st = jit::last_eval_stats();
+  for (size_t i = 0; i < std::size(kShapes); ++i) {
+    const Shape3& s = kShapes[i];
+    Tensor a = (rand(s.ta ? Shape{s.k, s.m} : Shape{s.m, s.k}) - 0.5f).eval();
+    Tensor b = (rand({s.k, s.n}) - 0.5f).eval();
+    auto product = [&] { return matmul(s.ta ? transpose(a, 0, 1) : a, b); };
+    const int r = reps_for(s, reps);
+    std::vector<std::pair<std::string, Times>> peers;
+#if KILN_BENCH_DNNL
+    {
+      // oneDNN threaded over the same cores (OpenMP; kiln calls it one thread per part).
+      using SetThreads = void (*)(int);
+      if (auto set = reinterpret_cast<SetThreads>(::dlsym(RTLD_DEFAULT, "omp_set_num_threads")))
+        set(threads);
+      std::vector<float> c(static_cast<size_t>(s.m * s.n));
+      const float* pa = a.data<float>();
+      const float* pb = b.data<float>();
+      peers.push_back({"onednn", timed(2, r, [&] {
+                         dnnl_sgemm(s.ta ? 'T' : 'N', 'N', s.m, s.n, s.k, 1.0f, pa,
+                                    s.ta ? s.m : s.k, pb, s.n, 0.0f, c.data(), s.n);
+                       })});
+      if (auto set = reinterpret_cast<SetThreads>(::dlsym(RTLD_DEFAULT, "omp_set_num_threads")))
+        set(1);
+    }
+#endif
+    peers.push_back({openblas_label, openblas[i]});
+    if (auto it = torch.find(key_of(s)); it != torch.end())
+      peers.push_back({"torch.matmul", it->second});
+    const Times kiln_t = timed(2, r, [&] { product().eval(); });
+    const jit::EvalStats st = jit::last_eval_stats();
+    const auto best = std::min_element(
+        peers.begin(), peers.end(),
+        [](const auto& x, const auto& y) { return x.second.wall_ms < y.second.wall_ms; });
     Result row;
-    row.workload = "GEMM f32 " + std::to_string(n);
-    row.kiln_ms = kiln_ms;
-    row.baseline = "openblas";
-    row.baseline_ms = blas_ms;
+    char workload[96];
+    std::snprintf(workload, sizeof workload, "GEMM f32 %s %lldx%lldx%lld%s", s.what,
+                  static_cast<long long>(s.m), static_cast<long long>(s.n),
+                  static_cast<long long>(s.k), s.ta ? " A^T" : "");
+    row.workload = workload;
+    row.kiln_ms = kiln_t.wall_ms;
+    row.baseline = best->first;
+    row.baseline_ms = best->second.wall_ms;
     row.compiler = compiler;
-    double gflop = 2.0 * n * n * static_cast<double>(n) * 1e-9;
-    char note[160];
-    std::snprintf(note, sizeof note, "%s; kiln %.1f GFLOP/s, openblas %.1f GFLOP/s",
-                  st.library_calls ? "library call" : "generated kernel", gflop / (kiln_ms * 1e-3),
-                  gflop / (blas_ms * 1e-3));
+    const double gflop = 2.0 * s.m * s.n * static_cast<double>(s.k) * 1e-9;
+    std::string note =
+        std::string(st.library_calls ? "library call" : "generated kernel") + "; kiln " +
+        std::to_string(static_cast<int>(gflop / (kiln_t.wall_ms * 1e-3))) + " GFLOP/s; cpu ratio " +
+        std::to_string(kiln_t.cpu_ms / std::max(best->second.cpu_ms, 1e-9)).substr(0, 5);
+    for (const auto& [name, t] : peers) {
+      note += "; " + name + " " + std::to_string(static_cast<int>(gflop / (t.wall_ms * 1e-3))) +
+              " GFLOP/s";
+      row.extra.push_back({name + "_ms", t.wall_ms});
+      row.extra.push_back({name + "_cpu_ms", t.cpu_ms});
+    }
+    if (torch.empty()) note += "; torch: " + torch_note;
     row.note = note;
-    // Target: kiln at least 0.95x OpenBLAS's speed, i.e. kiln_ms / blas_ms <= 1/0.95.
+    row.extra.push_back({"kiln_cpu_ms", kiln_t.cpu_ms});
+    // Target: kiln at least 0.95x the best peer's speed, i.e. kiln_ms / best_ms <= 1/0.95.
     row.target_kind = "ratio<=";
     row.target = 1.0 / 0.95;
     results.add(row);
   }
-  results.print("bench_gemm (median ms; ratio = kiln / openblas)");
+  results.print("bench_gemm (median ms; ratio = kiln / best of the libraries called directly)");
   results.write_json();
   return 0;
 }
