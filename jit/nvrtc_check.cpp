@@ -11,6 +11,7 @@
 #include <unordered_set>
 
 #include "core/error.h"
+#include "core/settings.h"
 #include "jit/nvrtc.h"
 #include "jit/printer_cuda.h"
 
@@ -19,16 +20,16 @@ namespace kiln::jit {
 const std::vector<int>& nvrtc_check_archs() {
   static const std::vector<int> archs = [] {
     std::vector<int> out;
-    const char* text = std::getenv("KILN_NVRTC_CHECK");
-    if (!text || !*text || std::string(text) == "0") return out;
+    const std::optional<std::string> value = settings::text("KILN_NVRTC_CHECK");
+    if (!value || *value == "0") return out;
+    const char* text = value->c_str();
     std::stringstream in(text);
     std::string item;
     while (std::getline(in, item, ',')) {
       char* end = nullptr;
       long arch = std::strtol(item.c_str(), &end, 10);
       if (item.empty() || *end != '\0' || arch < 10 || arch > 999)
-        throw ValueError("[nvrtc check] KILN_NVRTC_CHECK='" + std::string(text) +
-                         "' must list compute capabilities such as 80,90; got '" + item + "'");
+        settings::reject("KILN_NVRTC_CHECK", text, "'" + item + "' is not a compute capability");
       out.push_back(static_cast<int>(arch));
     }
     return out;

@@ -326,7 +326,7 @@ TEST_CASE("errors: environment child: a bad variable raises from every call that
   const std::string var = which;
   auto needs_it = [&] {
     if (var == "KILN_SEED") return (void)kiln::randn({2});
-    (void)(kiln::full({3}, 1.5f) + 1.0f).to_vector<float>();  // threads, budget
+    (void)(kiln::full({3}, 1.5f) + 1.0f).to_vector<float>();  // threads, budget, cache
   };
   for (int attempt = 0; attempt < 3; ++attempt) {
     INFO("attempt " << attempt);
@@ -335,14 +335,17 @@ TEST_CASE("errors: environment child: a bad variable raises from every call that
   }
 }
 
-TEST_CASE("errors: bad KILN_NUM_THREADS, KILN_SEED and KILN_MEMORY_BUDGET are typed errors",
-          "[errors]") {
+TEST_CASE(
+    "errors: bad KILN_NUM_THREADS, KILN_SEED, KILN_MEMORY_BUDGET, KILN_CACHE_MAX_MB are typed "
+    "errors",
+    "[errors]") {
   const std::string self = std::filesystem::read_symlink("/proc/self/exe").string();
   const std::vector<std::pair<std::string, std::string>> cases = {
       {"KILN_NUM_THREADS", "lots"},   {"KILN_NUM_THREADS", "0"},
       {"KILN_NUM_THREADS", "99999"},  {"KILN_SEED", "-1"},
       {"KILN_SEED", "12abc"},         {"KILN_SEED", "99999999999999999999"},
-      {"KILN_MEMORY_BUDGET", "lots"}, {"KILN_MEMORY_BUDGET", "1.5"}};
+      {"KILN_MEMORY_BUDGET", "lots"}, {"KILN_MEMORY_BUDGET", "1.5"},
+      {"KILN_CACHE_MAX_MB", "lots"},  {"KILN_CACHE_MAX_MB", "-5"}};
   for (const auto& [var, value] : cases) {
     INFO(var << "='" << value << "'");
     const std::string command = var + "='" + value + "' KILN_ERRORS_ENV_CHILD=" + var + " '" +

@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/settings.h"
 #include "jit/compiler.h"
 #include "jit/kernel_cache.h"
 #include "tools/cli.h"
@@ -42,16 +43,11 @@ std::string join(const std::vector<std::string>& items, const char* sep) {
 std::string cpu_name(const std::string& target) { return target.substr(0, target.find(' ')); }
 
 // The cap the library applies, read the same way (KILN_CACHE_MAX_MB, default 1024 MiB,
-// 0 = none); the cache itself does not expose it. A malformed value makes the library warn
-// and use the default, which is what this reports too.
+// 0 = none); the cache itself does not expose it. A malformed value raises ValueError.
 uint64_t cache_cap_bytes() {
-  constexpr uint64_t kDefaultMb = 1024;
-  const char* text = std::getenv("KILN_CACHE_MAX_MB");
-  if (!text || !*text) return kDefaultMb << 20;
-  char* end = nullptr;
-  errno = 0;
-  unsigned long long mb = std::strtoull(text, &end, 10);
-  if (errno != 0 || *end != '\0' || text[0] == '-') return kDefaultMb << 20;
+  constexpr int64_t kDefaultMb = 1024;
+  const int64_t mb =
+      settings::integer("KILN_CACHE_MAX_MB", 0, int64_t{1} << 40).value_or(kDefaultMb);
   return static_cast<uint64_t>(mb) << 20;
 }
 
