@@ -3,6 +3,7 @@
 // a scratch directory, stderr capture, a counting compiler and a tiny kernel.
 #include <fcntl.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -135,6 +136,19 @@ inline std::string read_bytes(const std::string& path) {
 inline void write_bytes(const std::string& path, const std::string& bytes) {
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
   out << bytes;
+}
+
+/// Waits for every child and checks each exited 0 without a kiln warning in its log.
+inline void expect_children_clean(const std::vector<pid_t>& children,
+                                  const std::vector<std::string>& logs) {
+  for (size_t i = 0; i < children.size(); ++i) {
+    int status = 0;
+    REQUIRE(::waitpid(children[i], &status, 0) == children[i]);
+    INFO("child " << i << " log:\n" << read_bytes(logs[i]));
+    CHECK(WIFEXITED(status));
+    CHECK(WEXITSTATUS(status) == 0);
+    CHECK(read_bytes(logs[i]).find("kiln: warning") == std::string::npos);
+  }
 }
 
 inline std::vector<std::string> entry_files(const std::string& dir) {

@@ -11,17 +11,10 @@
 
 #include "frontend/kiln.h"
 #include "jit/library_gemm.h"
+#include "op_harness.h"
 
 using namespace kiln;
-
-namespace {
-
-struct ExecutorScope {
-  explicit ExecutorScope(const char* name) { set_executor(name); }
-  ~ExecutorScope() { set_executor(""); }
-};
-
-}  // namespace
+using kiln::test::ExecutorScope;
 
 // The gradient check of every op (float64 central differences over one registry of op
 // cases) is tests/test_gradcheck.cpp.

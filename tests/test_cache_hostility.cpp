@@ -796,14 +796,7 @@ TEST_CASE("cache hostility: KILN_CACHE_MAX_MB holds across 8 concurrent processe
                     {"KILN_TEST_CAP_DIR=" + tmp.cache(), "KILN_TEST_CAP_ID=" + std::to_string(id)},
                     logs.back()));
   }
-  for (size_t i = 0; i < children.size(); ++i) {
-    int status = 0;
-    REQUIRE(::waitpid(children[i], &status, 0) == children[i]);
-    INFO("child " << i << " log:\n" << read_bytes(logs[i]));
-    CHECK(WIFEXITED(status));
-    CHECK(WEXITSTATUS(status) == 0);
-    CHECK(read_bytes(logs[i]).find("kiln: warning") == std::string::npos);
-  }
+  expect_children_clean(children, logs);
   size_t entries = 0;
   const size_t total = kiln_bytes(tmp.cache(), &entries);
   INFO("8 processes x 40 kernels under a 1 MiB cap left " << total << " bytes in " << entries

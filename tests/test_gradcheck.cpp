@@ -190,7 +190,7 @@ TEST_CASE("prod's gradient at zeros is the product of the other elements, as tor
 }
 
 TEST_CASE(
-    "std's gradient is 0 where the deviation is 0; var and std follow torch at a zero divisor",
+    "std's gradient is 0 where the deviation is 0, and var and std follow torch at a zero divisor",
     "[gradcheck][autograd]") {
   for (const char* name : {"std/equal elements", "std/all equal", "std/size-1 axis biased",
                            "std/zero divisor", "std/size-1 unbiased", "var/all",
@@ -204,7 +204,7 @@ TEST_CASE(
   CHECK(g == std::vector<float>{0, 0, 0, -0.5f, 0, 0.5f});
 }
 
-TEST_CASE("softmax and log_softmax of a row holding +inf are NaN, as torch; logsumexp is inf",
+TEST_CASE("softmax and log_softmax of a row holding +inf are NaN, as torch, and logsumexp is inf",
           "[gradcheck][autograd]") {
   const double inf = std::numeric_limits<double>::infinity();
   for (const char* name : {"softmax/infinite rows", "log_softmax/infinite rows",
@@ -248,8 +248,9 @@ TEST_CASE("clamp passes the gradient to x on a bound, as torch.clamp", "[gradche
         std::vector<float>{1, 1, 0, 0, 1});
 }
 
-TEST_CASE("maximum and minimum pass the gradient to both sides of a NaN; a NaN maximum takes it",
-          "[gradcheck][autograd]") {
+TEST_CASE(
+    "maximum and minimum pass the gradient to both sides of a NaN, and a NaN maximum takes it",
+    "[gradcheck][autograd]") {
   for (const char* name : {"maximum", "minimum", "max/ties"}) {
     INFO(name);
     require_case(name);

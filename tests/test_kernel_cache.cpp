@@ -482,14 +482,7 @@ TEST_CASE("kernel cache: 4 processes share a fresh directory", "[cache]") {
     REQUIRE(rc == 0);
     children.push_back(pid);
   }
-  for (size_t i = 0; i < children.size(); ++i) {
-    int status = 0;
-    REQUIRE(::waitpid(children[i], &status, 0) == children[i]);
-    INFO("child " << i << " log:\n" << read_bytes(logs[i]));
-    CHECK(WIFEXITED(status));
-    CHECK(WEXITSTATUS(status) == 0);
-    CHECK(read_bytes(logs[i]).find("kiln: warning") == std::string::npos);
-  }
+  expect_children_clean(children, logs);
 
   KernelCache cache(tmp.cache(), 0);
   VerifyReport report = cache.verify();

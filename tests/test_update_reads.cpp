@@ -13,17 +13,10 @@
 
 #include "frontend/kiln.h"
 #include "frontend/optim.h"
+#include "op_harness.h"
 
 using namespace kiln;
-
-namespace {
-
-struct ExecutorScope {
-  explicit ExecutorScope(const char* name) { set_executor(name); }
-  ~ExecutorScope() { set_executor(""); }
-};
-
-}  // namespace
+using kiln::test::ExecutorScope;
 
 TEST_CASE("detach returns a new handle whatever the tensor's gradient flags",
           "[autograd][detach]") {

@@ -13,8 +13,10 @@
 #include "frontend/kiln.h"
 #include "frontend/optim.h"
 #include "jit/kernel_cache.h"
+#include "op_harness.h"
 
 using namespace kiln;
+using kiln::test::ExecutorScope;
 
 namespace {
 
@@ -23,11 +25,6 @@ uint64_t kernels_loaded() {
   const jit::CacheStats s = jit::cache_stats();
   return s.kernels_compiled + s.disk_hits;
 }
-
-struct ExecutorScope {
-  explicit ExecutorScope(const char* name) { set_executor(name); }
-  ~ExecutorScope() { set_executor(""); }
-};
 
 std::vector<double> on_reference(const std::function<Tensor()>& f) {
   ExecutorScope ref("reference");
