@@ -15,6 +15,7 @@ struct LoadedCudaKernel {
   PrintedCudaKernel printed;
   std::vector<void*> functions;  // one per stage
   KernelRecord* record = nullptr;
+  std::mutex* record_mutex = nullptr;
 };
 
 struct DeviceLimits {
@@ -45,13 +46,14 @@ LoadedCudaKernel& kernel_for(const KernelIR& ir, int device) {
   auto& per_device = g_loaded[key];
   auto it = per_device.find(device);
   if (it != per_device.end()) {
-    if (it->second.record) ++it->second.record->hits;
+    count_use(it->second.record, it->second.record_mutex, 1, 0, 0);
     return it->second;
   }
   LoadedCudaKernel k;
   k.printed = print_cuda(ir);
   CudaKernelImage image = cuda_kernel_image(k.printed, ir.source_ops, limits_of(device).arch);
   k.record = image.record;
+  k.record_mutex = image.record_mutex;
   void* module = cuda::load_module(device, *image.image);
   for (const CudaStage& s : k.printed.stages)
     k.functions.push_back(cuda::get_function(module, s.entry));
@@ -141,8 +143,7 @@ void run_cuda_kernel(const LoweredKernel& lk, Node& root) {
                  static_cast<unsigned>(stage.block), 0, params);
     previous_grid = grid;
   }
-  // Evaluations are serialized (core/node.cpp), as for the CPU kernels' records.
-  if (k.record) ++k.record->launches;
+  count_use(k.record, k.record_mutex, 0, 1, 0);
   if (err_data != nullptr) {
     int64_t host_err[4] = {0, 0, 0, 0};
     cuda::copy_device_to_host(device, host_err, err_data, sizeof host_err);

@@ -216,7 +216,7 @@ KernelHandle kernel_for(const KernelIR& ir) {
     std::lock_guard lock(g_memo_mutex);
     auto it = g_memo.find(key);
     if (it != g_memo.end()) {
-      if (it->second.record) ++it->second.record->hits;
+      count_use(it->second.record, it->second.record_mutex, 1, 0, 0);
       return it->second;
     }
   }
@@ -284,12 +284,9 @@ void run_group(const FusionGroup& group) {
     root.buffer.reset();
     throw;
   }
-  if (h.record != nullptr) {
-    ++h.record->launches;
-    h.record->run_ms_total +=
-        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - started)
-            .count();
-  }
+  count_use(h.record, h.record_mutex, 0, 1,
+            std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - started)
+                .count());
   if (err[0] != 0) {
     root.buffer.reset();
     raise_kernel_index_error(lk.ir, root, err);

@@ -497,7 +497,7 @@ KernelHandle KernelCache::get(const std::string& source, const std::string& entr
                          entry_name + "'");
     it = e.symbols.emplace(entry_name, fn).first;
   }
-  return {it->second, &e.record};
+  return {it->second, &e.record, &e.mutex};
 }
 
 ImageHandle KernelCache::get_image(const std::string& source, const std::string& entry_name,
@@ -512,7 +512,7 @@ ImageHandle KernelCache::get_image(const std::string& source, const std::string&
       }};
   std::unique_lock<std::mutex> lock;
   Entry& e = ready_entry(source, entry_name, source_ops, builder, lock);
-  return {&e.image, &e.record};
+  return {&e.image, &e.record, &e.mutex};
 }
 
 void KernelCache::fill(Entry& e, const std::string& source, const std::string& entry_name,
@@ -984,6 +984,15 @@ KernelCache& kernel_cache() {
     return c;
   }();
   return *cache;
+}
+
+void count_use(KernelRecord* record, std::mutex* record_mutex, uint64_t hits, uint64_t launches,
+               double run_ms) {
+  if (record == nullptr) return;
+  std::lock_guard<std::mutex> lock(*record_mutex);
+  record->hits += hits;
+  record->launches += launches;
+  record->run_ms_total += run_ms;
 }
 
 CacheStats cache_stats() { return kernel_cache().stats(); }

@@ -73,12 +73,18 @@ struct KernelRecord {
 };
 
 /// A compiled kernel's entry point plus its record. The record lives as long as the cache;
-/// the executor adds to `launches` and `run_ms_total` (it serializes launches of one kernel,
-/// the cache does not lock these two fields).
+/// its users add hits, launches and run time through count_use().
 struct KernelHandle {
   void* fn = nullptr;
   KernelRecord* record = nullptr;
+  std::mutex* record_mutex = nullptr;  ///< guards *record (the cache entry's lock)
 };
+
+/// Adds to `record`'s hits, launches and run time under `record_mutex` (a handle's), so that
+/// loaded_records() and flush() on other threads never read a counter being written.
+/// Does nothing when `record` is null.
+void count_use(KernelRecord* record, std::mutex* record_mutex, uint64_t hits, uint64_t launches,
+               double run_ms);
 
 /// A compiler of device images (NVRTC): the cache stores what it produces but does not
 /// load it into this process.
@@ -98,6 +104,7 @@ class ImageCompiler {
 struct ImageHandle {
   const std::vector<uint8_t>* image = nullptr;
   KernelRecord* record = nullptr;
+  std::mutex* record_mutex = nullptr;  ///< guards *record, see count_use()
 };
 
 class KernelCache {

@@ -227,7 +227,7 @@ CudaKernelImage cuda_kernel_image(const PrintedCudaKernel& k,
   const std::string& first = k.stages.at(0).entry;
   ImageHandle h =
       kernel_cache().get_image(k.source, first.substr(0, first.rfind('_')), source_ops, *compiler);
-  return {h.image, h.record};
+  return {h.image, h.record, h.record_mutex};
 }
 
 }  // namespace kiln::jit

@@ -36,6 +36,7 @@ CudaImage nvrtc_compile(const std::string& source, int arch, const std::string& 
 struct CudaKernelImage {
   const std::vector<uint8_t>* image;
   KernelRecord* record;
+  std::mutex* record_mutex;  // guards *record, see count_use()
 };
 CudaKernelImage cuda_kernel_image(const PrintedCudaKernel& k,
                                   const std::vector<std::string>& source_ops, int arch);
