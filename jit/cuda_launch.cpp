@@ -51,12 +51,19 @@ LoadedCudaKernel& kernel_for(const KernelIR& ir, int device) {
   }
   LoadedCudaKernel k;
   k.printed = print_cuda(ir);
-  CudaKernelImage image = cuda_kernel_image(k.printed, ir.source_ops, limits_of(device).arch);
+  // Loading an image (and finding its stages) is its check: the cache discards a disk entry
+  // the driver rejects and compiles it again. The module loaded by the check is the one kept.
+  auto load = [&](const std::vector<uint8_t>& image) {
+    void* module = cuda::load_module(device, image);
+    std::vector<void*> functions;
+    for (const CudaStage& s : k.printed.stages)
+      functions.push_back(cuda::get_function(module, s.entry));
+    k.functions = std::move(functions);
+  };
+  CudaKernelImage image = cuda_kernel_image(k.printed, ir.source_ops, limits_of(device).arch, load);
   k.record = image.record;
   k.record_mutex = image.record_mutex;
-  void* module = cuda::load_module(device, *image.image);
-  for (const CudaStage& s : k.printed.stages)
-    k.functions.push_back(cuda::get_function(module, s.entry));
+  if (k.functions.empty()) load(*image.image);  // in memory already: checked on another device
   return per_device.emplace(device, std::move(k)).first->second;
 }
 

@@ -500,14 +500,18 @@ KernelHandle KernelCache::get(const std::string& source, const std::string& entr
   return {it->second, &e.record, &e.mutex};
 }
 
-ImageHandle KernelCache::get_image(const std::string& source, const std::string& entry_name,
-                                   const std::vector<std::string>& source_ops,
-                                   ImageCompiler& compiler) {
+ImageHandle KernelCache::get_image(
+    const std::string& source, const std::string& entry_name,
+    const std::vector<std::string>& source_ops, ImageCompiler& compiler,
+    const std::function<void(const std::vector<uint8_t>&)>& load_check) {
   Builder builder{
       compiler.identity(), compiler.target(), ".cu",
       [&](const std::string& src, const std::string& hint) { return compiler.compile(src, hint); },
-      [](Entry& entry, std::vector<uint8_t> object, const std::string&) {
+      [&](Entry& entry, std::vector<uint8_t> object, const std::string&) {
         if (auto bad = image_problem(object)) throw CompileError("[kernel cache] " + *bad);
+        // The load check of an image, as the CPU path's link: a well-formed image the
+        // driver rejects (another GPU's CUBIN under this key, a planted file) is discarded.
+        if (load_check) load_check(object);
         entry.image = std::move(object);
       }};
   std::unique_lock<std::mutex> lock;

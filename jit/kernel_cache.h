@@ -13,6 +13,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -128,9 +129,13 @@ class KernelCache {
                    const std::vector<std::string>& source_ops, CpuCompiler& compiler);
   /// Returns the image of `source` built by `compiler`: memory hit, else verified disk hit,
   /// else compile + store. Thread-safe like get(); `entry` names the module in the record.
-  /// Throws kiln::CompileError when the source does not compile.
+  /// `load_check`, when given, loads an image before the cache takes it (the CUDA driver):
+  /// a disk entry it rejects is discarded with one warning and compiled again, and a fresh
+  /// image it rejects is not stored and its error is thrown. Throws kiln::CompileError when
+  /// the source does not compile.
   ImageHandle get_image(const std::string& source, const std::string& entry,
-                        const std::vector<std::string>& source_ops, ImageCompiler& compiler);
+                        const std::vector<std::string>& source_ops, ImageCompiler& compiler,
+                        const std::function<void(const std::vector<uint8_t>&)>& load_check = {});
   /// key = hex of a 128-bit hash of (format version, source, compiler identity,
   /// host_cpu_features()).
   static std::string key_for(const std::string& source, CpuCompiler& compiler);

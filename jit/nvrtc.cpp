@@ -212,8 +212,9 @@ std::unique_ptr<ImageCompiler> make_nvrtc_compiler(int arch, bool ptx_only) {
   return std::make_unique<NvrtcCompiler>(arch, ptx_only);
 }
 
-CudaKernelImage cuda_kernel_image(const PrintedCudaKernel& k,
-                                  const std::vector<std::string>& source_ops, int arch) {
+CudaKernelImage cuda_kernel_image(
+    const PrintedCudaKernel& k, const std::vector<std::string>& source_ops, int arch,
+    const std::function<void(const std::vector<uint8_t>&)>& load_check) {
   static std::mutex mutex;
   static std::map<int, std::unique_ptr<ImageCompiler>> compilers;
   ImageCompiler* compiler;
@@ -225,8 +226,8 @@ CudaKernelImage cuda_kernel_image(const PrintedCudaKernel& k,
   }
   // The module's name: the stages' common prefix (kiln_cu<hash>).
   const std::string& first = k.stages.at(0).entry;
-  ImageHandle h =
-      kernel_cache().get_image(k.source, first.substr(0, first.rfind('_')), source_ops, *compiler);
+  ImageHandle h = kernel_cache().get_image(k.source, first.substr(0, first.rfind('_')), source_ops,
+                                           *compiler, load_check);
   return {h.image, h.record, h.record_mutex};
 }
 

@@ -38,8 +38,10 @@ struct CudaKernelImage {
   KernelRecord* record;
   std::mutex* record_mutex;  // guards *record, see count_use()
 };
-CudaKernelImage cuda_kernel_image(const PrintedCudaKernel& k,
-                                  const std::vector<std::string>& source_ops, int arch);
+/// `load_check` as KernelCache::get_image's (the launcher loads the module there).
+CudaKernelImage cuda_kernel_image(
+    const PrintedCudaKernel& k, const std::vector<std::string>& source_ops, int arch,
+    const std::function<void(const std::vector<uint8_t>&)>& load_check = {});
 
 /// The ImageCompiler the cache uses for sm_<arch> (identity "nvrtc <version> <options>").
 std::unique_ptr<ImageCompiler> make_nvrtc_compiler(int arch, bool ptx_only = false);

@@ -293,6 +293,50 @@ TEST_CASE("nvrtc: device images are cached per target, in memory and on disk", "
   std::filesystem::remove_all(dir);
 }
 
+TEST_CASE("nvrtc: an image the driver's load check rejects is discarded and compiled again",
+          "[nvrtc][cache]") {
+  if (!have_nvrtc()) return;
+  PrintedCudaKernel k = only_kernel(input({4, 8}, DType::Float32) * 5);
+  auto c90 = jit::make_nvrtc_compiler(90);
+  const std::string dir = (std::filesystem::temp_directory_path() /
+                           ("kiln_nvrtc_load_check_" + std::to_string(::getpid())))
+                              .string();
+  std::filesystem::remove_all(dir);
+  const std::string entry = dir + "/" + jit::KernelCache::key_for(k.source, *c90) + ".kk";
+  {
+    jit::KernelCache cache(dir, 0);
+    cache.get_image(k.source, "k", {"mul"}, *c90);
+  }
+  REQUIRE(std::filesystem::exists(entry));
+  // The driver rejects what the disk holds once (an image for another GPU under this key,
+  // say): the entry is discarded and compiled again, and the new image is what is kept.
+  int checks = 0;
+  auto rejects_first = [&](const std::vector<uint8_t>&) {
+    if (checks++ == 0) throw kiln::DeviceError("[cuda] cuModuleLoadData failed: invalid image");
+  };
+  {
+    jit::KernelCache again(dir, 0);
+    jit::ImageHandle h = again.get_image(k.source, "k", {"mul"}, *c90, rejects_first);
+    CHECK(checks == 2);
+    CHECK(is_elf(*h.image));
+    CHECK(again.stats().disk_errors == 1);
+    CHECK(again.stats().kernels_compiled == 1);
+    CHECK(again.stats().disk_hits == 0);
+  }
+  CHECK(std::filesystem::exists(entry));  // the recompiled image was stored
+  // A freshly compiled image the driver rejects is never stored, and its error is thrown.
+  std::filesystem::remove_all(dir);
+  {
+    jit::KernelCache fresh(dir, 0);
+    auto rejects = [](const std::vector<uint8_t>&) {
+      throw kiln::DeviceError("[cuda] cuModuleLoadData failed: no kernel image for this device");
+    };
+    CHECK_THROWS_AS(fresh.get_image(k.source, "k", {"mul"}, *c90, rejects), kiln::DeviceError);
+  }
+  CHECK_FALSE(std::filesystem::exists(entry));
+  std::filesystem::remove_all(dir);
+}
+
 TEST_CASE(
     "nvrtc: every kernel of the differential corpus and the op registry compiles for sm_80 and "
     "sm_90",
