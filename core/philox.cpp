@@ -32,6 +32,13 @@ uint64_t Generator::reserve(uint64_t n) {
   return start;
 }
 
+Generator::Draw Generator::draw(uint64_t n) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const Draw d{seed_, offset_};
+  offset_ += n;
+  return d;
+}
+
 void Generator::manual_seed(uint64_t seed) {
   std::lock_guard<std::mutex> lock(mutex_);
   seed_ = seed;

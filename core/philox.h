@@ -97,6 +97,12 @@ class Generator {
   uint64_t offset() const;
   /// Returns the current offset and advances it by n (thread-safe).
   uint64_t reserve(uint64_t n);
+  /// The seed and a reserved range of n values, read together (thread-safe): a
+  /// manual_seed on another thread can never pair the old seed with the new offsets.
+  struct Draw {
+    uint64_t seed, offset;
+  };
+  Draw draw(uint64_t n);
   /// Sets the seed and resets the offset to 0, restarting the stream.
   void manual_seed(uint64_t seed);
 

@@ -24,10 +24,12 @@ Tensor random_source(OpCode op, const Shape& shape, DType dtype, Generator& gen,
                      std::string(dtype_name(dtype)));
   }
   NodePtr node = make_source(op, shape, dtype, device, name);
-  node->seed = gen.seed();
   // The counter is reserved when the tensor is created, so evaluating (or recomputing) it
-  // later can never depend on what else was drawn in between.
-  node->offset = gen.reserve(static_cast<uint64_t>(numel(shape)));
+  // later can never depend on what else was drawn in between; seed and offset are read
+  // under one lock, so a reseed on another thread cannot split them.
+  const Generator::Draw d = gen.draw(static_cast<uint64_t>(numel(shape)));
+  node->seed = d.seed;
+  node->offset = d.offset;
   return Tensor(std::move(node));
 }
 
