@@ -174,8 +174,11 @@ void cpu_gemm(DType dtype, bool ta, bool tb, int64_t m, int64_t n, int64_t k, co
   warn_if_generic(dtype);
 #if KILN_WITH_DNNL
   if (dtype == DType::Float32) {
-    static thread_local const bool one_thread = (run_one_openmp_thread(), true);
-    (void)one_thread;
+    static thread_local bool one_thread = false;
+    if (!one_thread) {
+      run_one_openmp_thread();
+      one_thread = true;
+    }
     const dnnl_status_t status = dnnl_sgemm(
         ta ? 'T' : 'N', tb ? 'T' : 'N', m, n, k, 1.0f, static_cast<const float*>(a), lda,
         static_cast<const float*>(b), ldb, accumulate ? 1.0f : 0.0f, static_cast<float*>(c), ldc);

@@ -1,7 +1,10 @@
 // The CPU GEMM libraries behind library GEMM (jit/blas.h), called directly: every transpose,
 // accumulation and leading-dimension case of both dtypes against a float64 triple loop, from
 // one thread and from every pool thread at once, and what `kiln info` reports of the path.
+#include <dlfcn.h>
+
 #include <algorithm>
+#include <atomic>
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <random>
@@ -131,4 +134,29 @@ TEST_CASE("the GEMM path names its library, version and kernels", "[blas]") {
   for (DType dtype : {DType::Float32, DType::Float64})
     if (jit::gemm_path(dtype).generic) CHECK(__builtin_cpu_supports("avx2"));
 #endif
+}
+
+TEST_CASE("oneDNN runs each pool thread's part on that thread alone", "[blas][threads]") {
+  // kiln's pool splits a product; a oneDNN call that started an OpenMP team of its own in
+  // every part would put two teams on the same cores (no speed-up for twice the CPU time).
+  using MaxThreads = int (*)();
+  const auto max_threads =
+      reinterpret_cast<MaxThreads>(::dlsym(RTLD_DEFAULT, "omp_get_max_threads"));
+  if (jit::gemm_path(DType::Float32).library != "oneDNN" || max_threads == nullptr) {
+    WARN("float32 GEMMs do not run on an OpenMP oneDNN in this build: skipped");
+    return;
+  }
+  const int64_t parts = 2 * thread_pool().size();
+  std::vector<float> a(16 * 16, 1.0f), b(16 * 16, 1.0f);
+  std::vector<std::vector<float>> c(static_cast<size_t>(parts), std::vector<float>(16 * 16));
+  std::atomic<int> wider{0};
+  thread_pool().parallel_for(parts, 1, [&](int64_t lo, int64_t hi) {
+    for (int64_t p = lo; p < hi; ++p) {
+      jit::cpu_gemm(DType::Float32, false, false, 16, 16, 16, a.data(), 16, b.data(), 16, false,
+                    c[static_cast<size_t>(p)].data(), 16);
+      if (max_threads() != 1) wider.fetch_add(1);
+    }
+  });
+  CHECK(wider.load() == 0);
+  for (const auto& part : c) CHECK(part[0] == 16.0f);
 }
