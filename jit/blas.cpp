@@ -1,13 +1,12 @@
 #include "blas.h"
 
 #include <dlfcn.h>
-#include <unistd.h>
 
-#include <cerrno>
 #include <cstdio>
 #include <mutex>
 
 #include "../core/error.h"
+#include "../core/log.h"
 
 #ifndef KILN_WITH_BLAS
 #define KILN_WITH_BLAS 0
@@ -128,29 +127,16 @@ GemmPath openblas_path() {
 }
 #endif
 
-void print_line(const std::string& line) {
-  const std::string text = line + "\n";
-  const char* p = text.data();
-  size_t left = text.size();
-  while (left > 0) {  // one write(2) per line, so lines of several threads do not interleave
-    const ssize_t n = ::write(STDERR_FILENO, p, left);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return;
-    p += n;
-    left -= static_cast<size_t>(n);
-  }
-}
-
 // One warning per dtype path, at its first GEMM: a generic path costs 4-5x on every product.
 void warn_if_generic(DType dtype) {
   static std::once_flag once[2];
   std::call_once(once[dtype == DType::Float64 ? 1 : 0], [dtype] {
     const GemmPath p = gemm_path(dtype);
     if (!p.generic) return;
-    print_line("kiln: warning: " + std::string(dtype_name(dtype)) + " GEMMs run on " + p.library +
-               " " + p.version + "'s generic '" + p.kernels +
-               "' kernels although this CPU has AVX2 or better; they may be several times "
-               "slower than the CPU allows (see `kiln info`)");
+    log_line("kiln: warning: " + std::string(dtype_name(dtype)) + " GEMMs run on " + p.library +
+             " " + p.version + "'s generic '" + p.kernels +
+             "' kernels although this CPU has AVX2 or better; they may be several times "
+             "slower than the CPU allows (see `kiln info`)");
   });
 }
 
@@ -167,7 +153,11 @@ GemmPath gemm_path(DType dtype) {
   return GemmPath{"none", "", "generated kernels", false};
 }
 
-bool cpu_gemm_available(DType dtype) { return gemm_path(dtype).library != "none"; }
+bool cpu_gemm_available(DType dtype) {
+  // What the build has, not gemm_path(): the matcher asks for every reduction it sees.
+  if (dtype == DType::Float32) return KILN_WITH_DNNL || KILN_WITH_BLAS;
+  return dtype == DType::Float64 && KILN_WITH_BLAS;
+}
 
 void cpu_gemm(DType dtype, bool ta, bool tb, int64_t m, int64_t n, int64_t k, const void* a,
               int64_t lda, const void* b, int64_t ldb, bool accumulate, void* c, int64_t ldc) {

@@ -437,10 +437,6 @@ FusionPlan fuse_cached(const std::vector<Node*>& schedule,
 void keep_readers_of_replaced(const std::vector<Node*>& schedule,
                               const std::unordered_set<Node*>& req,
                               const std::unordered_set<Node*>& consumed, std::vector<Node*>& outs) {
-  bool any = false;
-  for (Node* n : schedule)
-    for (const NodePtr& in : n->inputs) any = any || (in->replaced && in->is_evaluated());
-  if (!any) return;
   std::unordered_set<Node*> reaches;  // pending nodes that read a replaced leaf when run
   for (Node* n : schedule) {
     bool r = false;
@@ -461,8 +457,12 @@ Plan make_plan(const std::vector<Node*>& schedule, const std::vector<Node*>& req
   std::vector<Node*> outs(requested.begin(), requested.end());
   std::unordered_set<Node*> req(requested.begin(), requested.end());
   std::unordered_set<Node*> consumed;
+  bool reads_replaced = false;  // some input is a parameter an update replaced
   for (Node* n : schedule)
-    for (const NodePtr& in : n->inputs) consumed.insert(in.get());
+    for (const NodePtr& in : n->inputs) {
+      consumed.insert(in.get());
+      reads_replaced = reads_replaced || (in->replaced && in->is_evaluated());
+    }
   // Held results nothing here consumes (a loss next to an update) are kept. Held values
   // that feed others are left to fusion: forcing them out would split every kernel whose
   // temporaries are still alive, as in `sum(relu(a * b + c)).item<float>()`; if they were
@@ -470,7 +470,7 @@ Plan make_plan(const std::vector<Node*>& schedule, const std::vector<Node*>& req
   for (Node* n : schedule)
     if (!req.count(n) && !consumed.count(n) && n->handles.load(std::memory_order_relaxed) > 0)
       outs.push_back(n);
-  keep_readers_of_replaced(schedule, req, consumed, outs);
+  if (reads_replaced) keep_readers_of_replaced(schedule, req, consumed, outs);
   p.simplified = simplify(schedule, outs);
   for (Node* o : outs) {
     auto it = p.simplified.alias.find(o);

@@ -44,6 +44,7 @@
 #include <string_view>
 
 #include "core/error.h"
+#include "core/log.h"
 #include "core/settings.h"
 #include "jit/cache_files.h"
 #include "jit/compiler.h"
@@ -71,20 +72,6 @@ int64_t now_ns() {
 }
 double ms_since(Clock::time_point start) {
   return std::chrono::duration<double, std::milli>(Clock::now() - start).count();
-}
-
-// One write(2) per line so that lines from several threads or processes do not interleave.
-void print_line(const std::string& line) {
-  std::string text = line + "\n";
-  const char* p = text.data();
-  size_t left = text.size();
-  while (left > 0) {
-    ssize_t n = ::write(STDERR_FILENO, p, left);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return;
-    p += n;
-    left -= static_cast<size_t>(n);
-  }
 }
 
 bool debug_log() { return settings::choice("KILN_LOG", {"debug"}).has_value(); }
@@ -276,7 +263,7 @@ std::string one_line(std::string text) {
 }
 
 void warn_discard(const std::string& path, const std::string& why) {
-  print_line("kiln: warning: discarding corrupt kernel cache entry " + path + ": " + one_line(why));
+  log_line("kiln: warning: discarding corrupt kernel cache entry " + path + ": " + one_line(why));
 }
 
 std::string without_trailing_slashes(std::string dir) {
@@ -388,8 +375,8 @@ KernelCache::KernelCache(std::string directories, size_t max_bytes) : max_bytes_
     d = without_trailing_slashes(d);
     if (d.empty()) continue;
     if (std::string why = unreadable_reason(d); !why.empty())
-      print_line("kiln: warning: read-only kernel cache directory " + d + " cannot be read (" +
-                 why + "); ignoring it");
+      log_line("kiln: warning: read-only kernel cache directory " + d + " cannot be read (" + why +
+               "); ignoring it");
     else
       read_only_.push_back(d);
   }
@@ -407,12 +394,12 @@ KernelCache::KernelCache(std::string directories, size_t max_bytes) : max_bytes_
   if (!ec && unreadable_reason(directory_).empty()) {
     // A pre-populated cache on a read-only image: its entries are still worth loading.
     read_only_.insert(read_only_.begin(), directory_);
-    print_line("kiln: warning: kernel cache directory " + directory_ + " is not writable (" + why +
-               "); reading its entries, keeping new kernels in memory only");
+    log_line("kiln: warning: kernel cache directory " + directory_ + " is not writable (" + why +
+             "); reading its entries, keeping new kernels in memory only");
     return;
   }
-  print_line("kiln: warning: kernel cache directory " + directory_ + " is not usable (" + why +
-             "); caching kernels in memory only");
+  log_line("kiln: warning: kernel cache directory " + directory_ + " is not usable (" + why +
+           "); caching kernels in memory only");
 }
 
 KernelCache::~KernelCache() { flush(); }
@@ -531,10 +518,10 @@ void KernelCache::fill(Entry& e, const std::string& source, const std::string& e
   }
 
   const std::string& key = e.record.key;
-  if (debug_log()) print_line("kiln: debug: compile " + key + " (" + entry_name + "): " + reason);
+  if (debug_log()) log_line("kiln: debug: compile " + key + " (" + entry_name + "): " + reason);
   if (dump_kernels())
-    print_line("kiln: kernel " + key + " (" + entry_name + ") from [" + join(source_ops, ", ") +
-               "]:\n" + source + "\nkiln: end of kernel " + key);
+    log_line("kiln: kernel " + key + " (" + entry_name + ") from [" + join(source_ops, ", ") +
+             "]:\n" + source + "\nkiln: end of kernel " + key);
 
   const auto start = Clock::now();
   // The hint names the kernel in compiler diagnostics; no file of that name need exist.
@@ -633,7 +620,7 @@ bool KernelCache::load_from(const std::string& dir, Entry& e, const Builder& bui
   e.dirty = true;
   e.ready = true;
   const double load_ms = ms_since(start);
-  if (debug_log()) print_line("kiln: debug: load " + key + " (" + r.name + ") from " + dir);
+  if (debug_log()) log_line("kiln: debug: load " + key + " (" + r.name + ") from " + dir);
   std::lock_guard<std::mutex> lock(stats_mutex_);
   counters_.disk_hits++;
   counters_.load_ms_total += load_ms;
@@ -647,8 +634,8 @@ void KernelCache::store(Entry& e, const std::string& source, const std::vector<u
   if (!why.empty()) {
     // Once per cache: a full disk would otherwise print a line per kernel.
     if (!write_warned_.exchange(true))
-      print_line("kiln: warning: cannot write kernel cache entry " + directory_ + "/" + key +
-                 kEntrySuffix + ": " + why + " (kernels stay cached in memory)");
+      log_line("kiln: warning: cannot write kernel cache entry " + directory_ + "/" + key +
+               kEntrySuffix + ": " + why + " (kernels stay cached in memory)");
     std::lock_guard<std::mutex> lock(stats_mutex_);
     counters_.disk_errors++;
     return;
@@ -721,7 +708,7 @@ void KernelCache::enforce_cap(const std::string& keep_key, size_t stored_bytes) 
       cache_files::remove_regular(directory_, c.key + kMetaSuffix);
       total -= std::min(total, c.bytes);
       evicted++;
-      if (debug_log()) print_line("kiln: debug: evict " + c.key + " (cache over its size cap)");
+      if (debug_log()) log_line("kiln: debug: evict " + c.key + " (cache over its size cap)");
     }
   }
   lock.write({true, total, 0});
@@ -959,7 +946,7 @@ std::string default_cache_directory() {
     if (const passwd* pw = ::getpwuid(::getuid())) home = pw->pw_dir;
   }
   if (!home || !*home) {
-    print_line(
+    log_line(
         "kiln: warning: no home directory and no KILN_CACHE_DIR; caching kernels in "
         "memory only");
     return "";

@@ -165,6 +165,8 @@ class KernelCache {
 
   /// The directory new entries are written to ("" when memory-only).
   const std::string& directory() const { return directory_; }
+  /// The size cap of the written directory in bytes (0 = none).
+  size_t max_bytes() const { return max_bytes_; }
   /// True when new entries are written to directory().
   bool disk_enabled() const { return disk_enabled_; }
   /// Directories that are read but never written: the layers named before the last one,

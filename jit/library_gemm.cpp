@@ -338,8 +338,6 @@ bool gemm_layout(const Node& r, GemmLayout* out) {
 
 }  // namespace
 
-bool have_blas() { return cpu_gemm_available(DType::Float32); }
-
 bool match_gemm(Node* r, const std::function<bool(Node*)>& single_use, GemmMatch* match) {
   if (r->op != OpCode::ReindexReduce || r->inputs.size() != 1) return false;
   if (!(r->device.is_cuda() ? cublas_available() : cpu_gemm_available(r->dtype))) return false;

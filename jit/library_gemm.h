@@ -22,8 +22,6 @@ struct GemmMatch {
   Node* sum = nullptr;
 };
 
-/// True when kiln was built with a BLAS.
-bool have_blas();
 /// Matches `reduce` (a pending reindex_reduce) against the matmul pattern. `single_use`
 /// says whether a pending node has exactly one consumer and is not an output, so that
 /// absorbing it into the library call loses no value anyone needs.

@@ -3,7 +3,6 @@
 // kernel cache, so a warm test run compiles nothing.
 #include "jit/nvrtc_check.h"
 
-#include <unistd.h>
 
 #include <cstdlib>
 #include <mutex>
@@ -11,6 +10,7 @@
 #include <unordered_set>
 
 #include "core/error.h"
+#include "core/log.h"
 #include "core/settings.h"
 #include "jit/nvrtc.h"
 #include "jit/printer_cuda.h"
@@ -43,10 +43,9 @@ void nvrtc_check_kernel(const KernelIR& ir) {
   if (!nvrtc_available()) {
     static std::once_flag warned;
     std::call_once(warned, [] {
-      const std::string line =
+      log_line(
           "kiln: warning: KILN_NVRTC_CHECK is set but NVRTC is not available; "
-          "CUDA kernels are not compile-checked\n";
-      (void)!::write(STDERR_FILENO, line.data(), line.size());
+          "CUDA kernels are not compile-checked");
     });
     return;
   }

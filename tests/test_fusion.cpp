@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "frontend/kiln.h"
+#include "jit/blas.h"
 #include "jit/executor.h"
 #include "jit/kernel_cache.h"
 #include "jit/kernel_ir.h"
@@ -62,8 +63,9 @@ jit::LoweredKernel lower_only_kernel(const Tensor& y) {
 
 // Accumulation needs the library GEMM: without OpenBLAS there is nothing to test.
 bool have_blas_or_warn() {
-  if (!jit::have_blas()) WARN("kiln built without OpenBLAS: no library GEMM to accumulate with");
-  return jit::have_blas();
+  if (!jit::cpu_gemm_available(DType::Float32))
+    WARN("kiln built without OpenBLAS: no library GEMM to accumulate with");
+  return jit::cpu_gemm_available(DType::Float32);
 }
 
 // Evaluated operands for n products x_i^T y_i (x_i [rows, m], y_i [rows, n]) and the sum of
@@ -504,7 +506,7 @@ TEST_CASE("float32 matmul runs as a library GEMM", "[fusion][matmul]") {
   Tensor a = ready(randn({2, 17, 9}, DType::Float32, g));
   Tensor b = ready(randn({9, 13}, DType::Float32, g));
   jit::EvalStats s = check_against_reference([&] { return matmul(a, b); });
-  if (jit::have_blas()) {
+  if (jit::cpu_gemm_available(DType::Float32)) {
     CHECK(s.library_calls == 1);
     CHECK(s.kernels == 0);
   } else {

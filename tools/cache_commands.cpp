@@ -14,7 +14,6 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
-#include "core/settings.h"
 #include "jit/compiler.h"
 #include "jit/kernel_cache.h"
 #include "tools/cli.h"
@@ -41,15 +40,6 @@ std::string join(const std::vector<std::string>& items, const char* sep) {
 // The CPU name without its feature list ("znver4 +avx2,..." -> "znver4"): the full string
 // is hundreds of characters; `cache show` and --json give it whole.
 std::string cpu_name(const std::string& target) { return target.substr(0, target.find(' ')); }
-
-// The cap the library applies, read the same way (KILN_CACHE_MAX_MB, default 1024 MiB,
-// 0 = none); the cache itself does not expose it. A malformed value raises ValueError.
-uint64_t cache_cap_bytes() {
-  constexpr int64_t kDefaultMb = 1024;
-  const int64_t mb =
-      settings::integer("KILN_CACHE_MAX_MB", 0, int64_t{1} << 40).value_or(kDefaultMb);
-  return static_cast<uint64_t>(mb) << 20;
-}
 
 Json record_json(const KernelRecord& r) {
   return {{"key", r.key},
@@ -148,7 +138,7 @@ int cache_stats(const Invocation& inv) {
     launches += r.launches;
     compile_ms += r.compile_ms;
   }
-  const uint64_t cap = cache_cap_bytes();
+  const uint64_t cap = cache.max_bytes();
   if (inv.json) {
     Json out = {{"entries", records.size()},
                 {"total_bytes", stats.disk_bytes},
