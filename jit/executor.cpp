@@ -273,6 +273,14 @@ void run_group(const FusionGroup& group) {
           });
         }
         break;
+      case KernelIR::Kind::Rows:
+        if (lk.parallel_extent > 0) {
+          const int64_t per = std::max<int64_t>(lk.work / lk.parallel_extent, 1);
+          thread_pool().parallel_for(
+              lk.parallel_extent, std::max<int64_t>(kGrain / per, 1),
+              [&](int64_t b, int64_t e) { fn(bufs.data(), params, b, e, 0); });
+        }
+        break;
       case KernelIR::Kind::Scatter:
         if (accumulator_dtype(lk.ir) == DType::Float64)
           run_scatter<double>(lk, fn, bufs, root);
@@ -349,7 +357,7 @@ uint64_t signature(const std::vector<Node*>& schedule, const std::unordered_set<
       if (fresh) p.leaves.push_back(in.get());
       in_keys.push_back(hash_combine(node_key(*in, nullptr, 0), static_cast<uint64_t>(li->second)));
     }
-    uint64_t k = node_key(*n, in_keys.data(), in_keys.size());
+    uint64_t k = hash_combine(node_key(*n, in_keys.data(), in_keys.size()), fusion_size_class(*n));
     key[n] = k;
     sig = hash_combine(sig, hash_combine(k, outputs.count(n) ? 1 : 0));
   }

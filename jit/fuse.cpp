@@ -7,6 +7,7 @@
 #include <unordered_map>
 
 #include "../core/settings.h"
+#include "kernel_ir.h"
 
 namespace kiln::jit {
 namespace {
@@ -56,8 +57,22 @@ constexpr int kMaxKernelReads = 8;
 // Inline cost from which a value read through a widening reindex (a broadcast) is stored
 // instead: exp(x) feeding a matmul operand would otherwise be recomputed per output column.
 constexpr int kBroadcastBudget = 4;
+// A reduction over everything runs as a row stage (one row, one thread) only up to this
+// many elements; larger ones are split across threads by the executor's partials.
+constexpr int64_t kSerialRowElements = int64_t{1} << 16;
+
+// Whether reduction `n` may run as a row stage inside its consumer's kernel at its sizes.
+bool row_stage_shape(const Node& n) {
+  const int kept = standard_reduction_kept(n);
+  return kept > 0 || (kept == 0 && n.inputs[0]->numel() <= kSerialRowElements);
+}
 
 }  // namespace
+
+uint64_t fusion_size_class(const Node& n) {
+  if (n.op != OpCode::ReindexReduce) return 0;
+  return 1 + static_cast<uint64_t>(row_stage_shape(n));
+}
 
 bool pass_disabled(const char* pass) {
   static std::mutex mutex;
@@ -127,98 +142,149 @@ FusionPlan fuse(const std::vector<Node*>& schedule, const std::unordered_set<Nod
     }
   }
 
-  std::unordered_map<Node*, int> cost;   // inline cost; 0 once materialized
-  std::unordered_map<Node*, int> depth;  // longest inlined chain below the node
-  std::unordered_map<Node*, int> reads;  // stored values the inlined tree below reads
-  std::unordered_set<Node*> materialized;
-  for (Node* n : schedule) {
-    int c = own_cost(*n);
-    int dep = 1, r = 0;
-    for (const NodePtr& in : n->inputs) {
-      if (!in->is_evaluated() && !materialized.count(in.get())) {
-        c += cost[in.get()];
-        dep = std::max(dep, depth[in.get()] + 1);
-        r += reads[in.get()];
-      } else {
-        ++r;
-      }
-    }
-    depth[n] = dep;
-    reads[n] = r;
-    bool keep = no_fusion || outputs.count(n) || forced.count(n) ||
-                (n->op == OpCode::ReindexReduce && !accumulated.count(n)) ||
-                n->op == OpCode::Transfer;
-    // Long chains are cut into kernels of bounded depth: lowering walks them recursively
-    // and one huge expression compiles slowly.
-    if (!keep && dep >= kMaxInlineDepth) keep = true;
-    if (!keep && r > kMaxKernelReads && op_family(n->op) == OpFamily::Elementwise) keep = true;
-    // Shared and costly: store once instead of recomputing per consumer.
-    if (!keep && consumers[n] > 1 && c > kDuplicateBudget) keep = true;
-    // Read through a broadcast that multiplies the work (matmul operands): store it.
-    if (!keep && c >= kBroadcastBudget && widest_read.count(n) &&
-        widest_read[n] > 2 * std::max<int64_t>(n->numel(), 1))
-      keep = true;
-    if (keep) {
-      materialized.insert(n);
-      cost[n] = 0;
-      depth[n] = 0;
-      reads[n] = 0;
-    } else {
-      cost[n] = c;
-    }
-  }
+  // Reductions that may run as row stages of the one kernel that reads them (softmax's
+  // max and sum inside the kernel that writes its output): not stored, unless the groups
+  // built below put one in several kernels or lowering cannot make it a stage.
+  std::unordered_set<Node*> row_candidates;
+  if (!no_fusion && !pass_disabled("ROWS"))
+    for (Node* n : schedule)
+      if (n->op == OpCode::ReindexReduce && !outputs.count(n) && !forced.count(n) &&
+          !gemms.count(n) && !accumulated.count(n) && row_stage_shape(*n))
+        row_candidates.insert(n);
+  std::unordered_set<Node*> stored_rows;  // candidates a check below sent back to storage
 
-  FusionPlan plan;
-  for (Node* root : schedule) {
-    if (!materialized.count(root)) continue;
-    FusionGroup g;
-    g.root = root;
-    if (auto acc = accumulations.find(root); acc != accumulations.end()) {
-      const GemmMatch& m = acc->second;
-      g.library = true;
-      g.gemm = m;
-      g.members = m.absorbed;
-      g.members.push_back(m.reduce);
-      g.members.push_back(root);
-      for (Node* in : {m.a, m.b, m.accumulate})
-        if (std::find(g.inputs.begin(), g.inputs.end(), in) == g.inputs.end())
-          g.inputs.push_back(in);
-      plan.groups.push_back(std::move(g));
-      continue;
-    }
-    auto gm = gemms.find(root);
-    if (gm != gemms.end()) {
-      g.library = true;
-      g.gemm = gm->second;
-      g.members = gm->second.absorbed;
-      g.members.push_back(root);
-      for (Node* in : {gm->second.a, gm->second.b})
-        if (std::find(g.inputs.begin(), g.inputs.end(), in) == g.inputs.end())
-          g.inputs.push_back(in);
-      plan.groups.push_back(std::move(g));
-      continue;
-    }
-    std::unordered_set<Node*> seen{root};
-    std::unordered_set<Node*> input_seen;
-    // Collect the inline tree (post-order so members are inputs-first).
-    std::vector<std::pair<Node*, size_t>> stack{{root, 0}};
-    while (!stack.empty()) {
-      auto& [n, next] = stack.back();
-      if (next < n->inputs.size()) {
-        Node* in = n->inputs[next++].get();
-        if (in->is_evaluated() || materialized.count(in)) {
-          if (input_seen.insert(in).second) g.inputs.push_back(in);
-        } else if (seen.insert(in).second) {
-          stack.push_back({in, 0});
+  for (;;) {
+    std::unordered_map<Node*, int> cost;   // inline cost; 0 once materialized
+    std::unordered_map<Node*, int> depth;  // longest inlined chain below the node
+    std::unordered_map<Node*, int> reads;  // stored values the inlined tree below reads
+    std::unordered_set<Node*> materialized;
+    // Inlined values that read a row stage: they are computed per row (their coordinates
+    // are the kernel's rows), so a broadcast along the row does not repeat their work.
+    std::unordered_set<Node*> per_row;
+    for (Node* n : schedule) {
+      int c = own_cost(*n);
+      int dep = 1, r = 0;
+      bool reads_stage = false;
+      for (const NodePtr& in : n->inputs) {
+        if (!in->is_evaluated() && !materialized.count(in.get())) {
+          reads_stage = reads_stage || per_row.count(in.get());
+          c += cost[in.get()];
+          dep = std::max(dep, depth[in.get()] + 1);
+          r += reads[in.get()];
+        } else {
+          ++r;
         }
+      }
+      depth[n] = dep;
+      reads[n] = r;
+      const bool row_stage = row_candidates.count(n) && !stored_rows.count(n);
+      // A row stage's total is computed once per row: per element it costs nothing.
+      if (row_stage) c = 0;
+      bool keep = no_fusion || outputs.count(n) || forced.count(n) ||
+                  (n->op == OpCode::ReindexReduce && !accumulated.count(n) && !row_stage) ||
+                  n->op == OpCode::Transfer;
+      // Long chains are cut into kernels of bounded depth: lowering walks them recursively
+      // and one huge expression compiles slowly.
+      if (!keep && dep >= kMaxInlineDepth) keep = true;
+      if (!keep && r > kMaxKernelReads && op_family(n->op) == OpFamily::Elementwise) keep = true;
+      // Shared and costly: store once instead of recomputing per consumer.
+      if (!keep && consumers[n] > 1 && c > kDuplicateBudget) keep = true;
+      // Read through a broadcast that multiplies the work (matmul operands): store it.
+      if (row_stage || (reads_stage && op_family(n->op) == OpFamily::Elementwise))
+        per_row.insert(n);
+      if (!keep && c >= kBroadcastBudget && widest_read.count(n) && !per_row.count(n) &&
+          widest_read[n] > 2 * std::max<int64_t>(n->numel(), 1))
+        keep = true;
+      if (keep) {
+        materialized.insert(n);
+        cost[n] = 0;
+        depth[n] = 0;
+        reads[n] = 0;
       } else {
-        g.members.push_back(n);
-        stack.pop_back();
+        cost[n] = c;
       }
     }
-    plan.groups.push_back(std::move(g));
+
+    FusionPlan plan;
+    for (Node* root : schedule) {
+      if (!materialized.count(root)) continue;
+      FusionGroup g;
+      g.root = root;
+      if (auto acc = accumulations.find(root); acc != accumulations.end()) {
+        const GemmMatch& m = acc->second;
+        g.library = true;
+        g.gemm = m;
+        g.members = m.absorbed;
+        g.members.push_back(m.reduce);
+        g.members.push_back(root);
+        for (Node* in : {m.a, m.b, m.accumulate})
+          if (std::find(g.inputs.begin(), g.inputs.end(), in) == g.inputs.end())
+            g.inputs.push_back(in);
+        plan.groups.push_back(std::move(g));
+        continue;
+      }
+      auto gm = gemms.find(root);
+      if (gm != gemms.end()) {
+        g.library = true;
+        g.gemm = gm->second;
+        g.members = gm->second.absorbed;
+        g.members.push_back(root);
+        for (Node* in : {gm->second.a, gm->second.b})
+          if (std::find(g.inputs.begin(), g.inputs.end(), in) == g.inputs.end())
+            g.inputs.push_back(in);
+        plan.groups.push_back(std::move(g));
+        continue;
+      }
+      std::unordered_set<Node*> seen{root};
+      std::unordered_set<Node*> input_seen;
+      // Collect the inline tree (post-order so members are inputs-first).
+      std::vector<std::pair<Node*, size_t>> stack{{root, 0}};
+      while (!stack.empty()) {
+        auto& [n, next] = stack.back();
+        if (next < n->inputs.size()) {
+          Node* in = n->inputs[next++].get();
+          if (in->is_evaluated() || materialized.count(in)) {
+            if (input_seen.insert(in).second) g.inputs.push_back(in);
+          } else if (seen.insert(in).second) {
+            stack.push_back({in, 0});
+          }
+        } else {
+          g.members.push_back(n);
+          stack.pop_back();
+        }
+      }
+      plan.groups.push_back(std::move(g));
+    }
+    if (row_candidates.empty()) return plan;
+    // A row stage must sit in exactly one kernel (else each would reduce again) and lower as
+    // a stage of it; the others are stored and the plan is made again.
+    const size_t before = stored_rows.size();
+    std::unordered_map<Node*, int> kernels_of;
+    for (const FusionGroup& g : plan.groups)
+      for (Node* m : g.members)
+        if (m != g.root && row_candidates.count(m) && !stored_rows.count(m)) ++kernels_of[m];
+    for (const auto& [m, k] : kernels_of)
+      if (k > 1) stored_rows.insert(m);
+    if (stored_rows.size() == before) {
+      for (const FusionGroup& g : plan.groups) {
+        if (g.library) continue;
+        bool has_stage = false;
+        for (Node* m : g.members) has_stage = has_stage || (m != g.root && kernels_of.count(m));
+        if (!has_stage) continue;
+        try {
+          (void)lower(g);
+        } catch (const RowsUnsupported& e) {
+          if (e.reduction != g.root && kernels_of.count(e.reduction)) {
+            stored_rows.insert(e.reduction);
+          } else {
+            for (Node* m : g.members)
+              if (m != g.root && kernels_of.count(m)) stored_rows.insert(m);
+          }
+        }
+      }
+    }
+    if (stored_rows.size() == before) return plan;
   }
-  return plan;
 }
 
 }  // namespace kiln::jit

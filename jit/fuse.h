@@ -36,6 +36,10 @@ struct FusionPlan {
 /// (KILN_DISABLE_ACCUMULATE=1 keeps the add separate).
 FusionPlan fuse(const std::vector<Node*>& schedule, const std::unordered_set<Node*>& outputs);
 
+/// The size-dependent part of the fusion choices about `n` (whether a reduction can be a
+/// row stage at its sizes): plans cached for one schedule are reused only where it agrees.
+uint64_t fusion_size_class(const Node& n);
+
 /// True when KILN_DISABLE_<PASS>=1 is set (read once per pass name).
 bool pass_disabled(const char* pass);
 

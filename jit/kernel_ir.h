@@ -23,6 +23,7 @@ struct IrValue {
     Cast,     ///< args[0] converted to `dtype`
     Random,   ///< Philox value for flat index `index`; seed and offset are params `seed_param`, +1
     InRange,  ///< bool: every `bounds[k].first` lies in [0, bounds[k].second)
+    Stage,    ///< Rows: the per-row total of reduction stage `stage` (in `dtype`)
   };
   Kind kind = Kind::Const;
   DType dtype = DType::Float32;
@@ -44,6 +45,21 @@ struct IrValue {
   std::vector<bool> bound_is_error;
   /// InRange: per bound, the KernelIR::error_sites entry it reports, or -1.
   std::vector<int> bound_site;
+  /// Stage: the KernelIR::stages entry whose total this is.
+  int stage = -1;
+};
+
+/// Rows: one reduction computed per row of the kernel's outer domain before the row's
+/// store, whose total later stages and the store read as a Stage value.
+struct RowStage {
+  ReduceOp reduce = ReduceOp::Sum;
+  /// The reduction's dtype: its total is rounded to it, as a stored value would be.
+  DType dtype = DType::Float32;
+  /// Extents of the reduced dims (params); they are domain vars first_var.. of the kernel.
+  std::vector<IndexExpr> dims;
+  int first_var = 0;
+  /// The value reduced (over the outer vars and this stage's vars).
+  int value = -1;
 };
 
 /// A whole kernel.
@@ -52,12 +68,16 @@ struct KernelIR {
     Map,          ///< out[i] = value(i) over the output domain
     InnerReduce,  ///< out[kept] = reduce over trailing domain vars of value(kept, reduced)
     Scatter,      ///< out[store_index(i)] op= value(i) over the input domain, in order
+    Rows,         ///< per row of the `kept` outer vars: the stages in order, then
+                  ///< out[row, inner] = value(row, inner) over the remaining domain vars
   };
   Kind kind = Kind::Map;
   /// Domain sizes, outermost first (params).
   std::vector<IndexExpr> dims;
-  /// InnerReduce: the number of leading (kept) domain vars.
+  /// InnerReduce, Rows: the number of leading (kept, outer) domain vars.
   int kept = 0;
+  /// Rows: the reductions computed per row, in order (a stage reads only earlier ones).
+  std::vector<RowStage> stages;
   /// Scatter: the domain var split across threads (its range is [begin, end)), or -1: serial.
   int parallel_var = -1;
   /// Scatter: no two domain points store to the same output, so the CPU kernel writes
@@ -103,10 +123,26 @@ struct LoweredKernel {
   std::vector<Node*> input_nodes;
   /// Total iterations of the parallel range the executor splits across threads.
   int64_t parallel_extent = 0;
+  /// Rows: elements the whole launch visits (its stages' inputs and its output), so the
+  /// executor can size the rows each thread takes.
+  int64_t work = 0;
 };
 
-/// Lowers one fusion group to kernel IR with this launch's parameters.
+/// Lowers one fusion group to kernel IR with this launch's parameters. Throws
+/// RowsUnsupported when the group holds a reduction it cannot compute as a row stage.
 LoweredKernel lower(const FusionGroup& group);
+
+/// A reduction inlined into a group that cannot run as one of its row stages (it is read
+/// at other coordinates than the kernel's rows, or the group's rows differ from its own).
+/// The fusion pass stores such a reduction instead.
+struct RowsUnsupported {
+  Node* reduction;
+};
+
+/// The number of leading input dims a reduction keeps when it is "standard" at its
+/// current sizes (kept dims in order, then a reduced trailing block; output dims of size 1
+/// at 0 anywhere), or -1. Standard reductions run as inner loops and can be row stages.
+int standard_reduction_kept(const Node& reduction);
 
 /// Throws the IndexError a kernel's error record (err[1] site, err[2] value, err[3] size)
 /// describes, naming the user-level op and the shape it indexed.

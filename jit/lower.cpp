@@ -292,6 +292,15 @@ class Lowerer {
   }
 
   int value_of(Node* n, const std::vector<IndexExpr>& coords, bool is_root = false);
+  int stage_value(Node* r, const std::vector<IndexExpr>& coords);
+
+  // Rows kernels: reductions inlined into the group run as stages of each row of the
+  // kernel's `rows_kept_` outer vars, whose extents are `outer_extent_`.
+  bool rows_ = false;
+  int rows_kept_ = 0;
+  std::vector<int64_t> outer_extent_;
+  int next_var_ = 0;
+  std::unordered_map<Node*, int> stage_values_;
 
   const FusionGroup& group_;
   std::unordered_set<Node*> members_;
@@ -310,6 +319,8 @@ class Lowerer {
 };
 
 int Lowerer::value_of(Node* n, const std::vector<IndexExpr>& coords, bool is_root) {
+  if (!is_root && !n->is_evaluated() && members_.count(n) && n->op == OpCode::ReindexReduce)
+    return stage_value(n, coords);
   if (!is_root && (n->is_evaluated() || !members_.count(n))) {
     IrValue v;
     v.kind = IrValue::Kind::Load;
@@ -403,6 +414,60 @@ int Lowerer::value_of(Node* n, const std::vector<IndexExpr>& coords, bool is_roo
   return emit(std::move(v));
 }
 
+// A reduction read at the kernel's row coordinates: computed once per row as a stage (its
+// reduced dims become fresh domain vars), and read as the stage's total. Anything else is
+// RowsUnsupported, and the fusion pass stores the reduction instead.
+int Lowerer::stage_value(Node* r, const std::vector<IndexExpr>& coords) {
+  if (!rows_ || standard_reduction_kept(*r) != rows_kept_) throw RowsUnsupported{r};
+  for (size_t j = 0; j < r->index_map.size(); ++j) {
+    const IndexExpr& m = r->index_map[j];
+    // A kept dim must be read at the row's own coordinate; size-1 dims hold one value.
+    if (m.kind() == IndexExpr::Kind::Var &&
+        !(coords[j].kind() == IndexExpr::Kind::Var && coords[j].value() == m.value()))
+      throw RowsUnsupported{r};
+  }
+  if (auto it = stage_values_.find(r); it != stage_values_.end()) return it->second;
+  Node* x = r->inputs[0].get();
+  RowStage st;
+  st.reduce = r->reduce;
+  st.dtype = r->dtype;
+  st.first_var = next_var_;
+  std::vector<IndexExpr> vars(x->shape.size());
+  for (size_t d = 0; d < x->shape.size(); ++d) {
+    if (static_cast<int>(d) < rows_kept_) {
+      vars[d] = IndexExpr::var(static_cast<int>(d));
+    } else {
+      st.dims.push_back(param(x->shape[d]));
+      vars[d] = IndexExpr::var(next_var_++);
+    }
+  }
+  // The kernel's rows may outnumber the reduction's (it is read through a padding reindex,
+  // whose select discards those rows): the stage's loads are guarded there. Guards of the
+  // reader's context do not apply inside: the stage is computed for every row.
+  auto saved_bounds = std::move(bounds_);
+  auto saved_errors = std::move(bound_errors_);
+  auto saved_sites = std::move(bound_sites_);
+  bounds_.clear(), bound_errors_.clear(), bound_sites_.clear();
+  for (int d = 0; d < rows_kept_; ++d) {
+    if (outer_extent_[static_cast<size_t>(d)] <= x->shape[static_cast<size_t>(d)]) continue;
+    bounds_.push_back({IndexExpr::var(d), param(x->shape[static_cast<size_t>(d)])});
+    bound_errors_.push_back(false);
+    bound_sites_.push_back(-1);
+  }
+  st.value = value_of(x, vars);
+  bounds_ = std::move(saved_bounds);
+  bound_errors_ = std::move(saved_errors);
+  bound_sites_ = std::move(saved_sites);
+  out_.ir.stages.push_back(std::move(st));
+  IrValue v;
+  v.kind = IrValue::Kind::Stage;
+  v.dtype = r->dtype;
+  v.stage = static_cast<int>(out_.ir.stages.size() - 1);
+  const int id = emit(std::move(v));
+  stage_values_[r] = id;
+  return id;
+}
+
 LoweredKernel Lowerer::run() {
   Node* root = group_.root;
   KernelIR& ir = out_.ir;
@@ -420,6 +485,55 @@ LoweredKernel Lowerer::run() {
     }
   };
 
+  // Reductions inlined into the group make it a Rows kernel: all of them keep the same
+  // leading dims, which are the kernel's rows; the root is a map over those rows and more,
+  // or a reduction keeping them (its own last stage).
+  Node* first_stage = nullptr;
+  for (Node* m : group_.members)
+    if (m != root && m->op == OpCode::ReindexReduce && !m->is_evaluated()) {
+      first_stage = m;
+      break;
+    }
+  if (first_stage) {
+    rows_ = true;
+    rows_kept_ = standard_reduction_kept(*first_stage);
+    if (rows_kept_ < 0) throw RowsUnsupported{first_stage};
+    const auto k = static_cast<size_t>(rows_kept_);
+    ir.kind = KernelIR::Kind::Rows;
+    ir.kept = rows_kept_;
+    int64_t rows = 1, work = 0;
+    if (root->op != OpCode::ReindexReduce) {
+      if (root->shape.size() < k) throw RowsUnsupported{first_stage};
+      make_domain(root->shape);
+      outer_extent_.assign(root->shape.begin(), root->shape.begin() + rows_kept_);
+      // Vars past the domain's; at least 1, since a rank-0 kernel names its d0.
+      next_var_ = std::max<int>(static_cast<int>(root->shape.size()), 1);
+      ir.result = value_of(root, vars, true);
+      work = root->numel();
+    } else {
+      if (standard_reduction_kept(*root) != rows_kept_) throw RowsUnsupported{first_stage};
+      Node* x = root->inputs[0].get();
+      for (size_t d = 0; d < k; ++d) {
+        ir.dims.push_back(param(x->shape[d]));
+        vars.push_back(IndexExpr::var(static_cast<int>(d)));
+      }
+      outer_extent_.assign(x->shape.begin(), x->shape.begin() + rows_kept_);
+      next_var_ = std::max(rows_kept_, 1);
+      // The root is the last stage, read at its own rows.
+      std::vector<IndexExpr> at;
+      for (const IndexExpr& m : root->index_map)
+        at.push_back(m.kind() == IndexExpr::Kind::Var ? m : IndexExpr::constant(0));
+      members_.erase(root);
+      ir.result = stage_value(root, at);
+    }
+    for (int64_t e : outer_extent_) rows *= e;
+    for (Node* m : group_.members)
+      if (m->op == OpCode::ReindexReduce) work += m->inputs[0]->numel();
+    out_.parallel_extent = rows;
+    out_.work = work;
+    return std::move(out_);
+  }
+
   if (root->op != OpCode::ReindexReduce) {
     ir.kind = KernelIR::Kind::Map;
     make_domain(root->shape);
@@ -432,8 +546,8 @@ LoweredKernel Lowerer::run() {
   ir.reduce = root->reduce;
   // A "standard" reduction keeps some input dims in order and reduces a trailing block:
   // it runs as an inner loop with lane accumulators. Anything else is a scatter.
-  std::vector<int> kept_vars;
-  bool standard = true;
+  const int standard_kept = standard_reduction_kept(*root);
+  const bool standard = standard_kept >= 0;
   // Whether each output dim takes an input dim of its own (or is a size-1 dim at 0).
   bool one_each = !root->index_map.empty();
   std::vector<char> taken(x->shape.size(), 0);
@@ -443,19 +557,10 @@ LoweredKernel Lowerer::run() {
       const auto v = static_cast<size_t>(m.value());
       one_each = one_each && !taken[v];
       taken[v] = 1;
-    }
-    // A kept var must span its output dim exactly, or some outputs would go unwritten.
-    if (m.kind() == IndexExpr::Kind::Var && x->shape[m.value()] == root->shape[d]) {
-      kept_vars.push_back(static_cast<int>(m.value()));
-    } else if (m.kind() == IndexExpr::Kind::Var) {
-      standard = false;
     } else if (!(m.is_const() && m.value() == 0 && root->shape[d] == 1)) {
-      standard = false;
       one_each = false;
     }
   }
-  for (size_t k = 0; k < kept_vars.size() && standard; ++k)
-    if (kept_vars[k] != static_cast<int>(k)) standard = false;
   // The domain var of each input dim: its own position, except that a scatter whose
   // output dims each take one input dim of their own loops last over the input dim of the
   // output's last (unit stride) dim. Its innermost loop then writes consecutive outputs
@@ -479,7 +584,7 @@ LoweredKernel Lowerer::run() {
   }
   if (standard) {
     ir.kind = KernelIR::Kind::InnerReduce;
-    ir.kept = static_cast<int>(kept_vars.size());
+    ir.kept = standard_kept;
     ir.result = value_of(x, vars);
     int64_t kept_n = 1, reduced_n = 1;
     for (size_t d = 0; d < x->shape.size(); ++d)
@@ -569,6 +674,9 @@ std::string value_str(const IrValue& v, int id) {
       s += std::string(v.normal ? "randn" : "rand") + "(seed=p" + std::to_string(v.seed_param) +
            ", offset=p" + std::to_string(v.seed_param + 1) + ", index=" + v.index.str() + ")";
       break;
+    case IrValue::Kind::Stage:
+      s += "stage " + std::to_string(v.stage);
+      break;
     case IrValue::Kind::InRange:
       s += "in_range(";
       for (size_t k = 0; k < v.bounds.size(); ++k)
@@ -583,6 +691,24 @@ std::string value_str(const IrValue& v, int id) {
 }  // namespace
 
 LoweredKernel lower(const FusionGroup& group) { return Lowerer(group).run(); }
+
+int standard_reduction_kept(const Node& r) {
+  if (r.op != OpCode::ReindexReduce || r.inputs.empty()) return -1;
+  const Node& x = *r.inputs[0];
+  int kept = 0;
+  for (size_t d = 0; d < r.index_map.size(); ++d) {
+    const IndexExpr& m = r.index_map[d];
+    // A kept var must span its output dim exactly, or some outputs would go unwritten;
+    // kept vars come first and in order.
+    if (m.kind() == IndexExpr::Kind::Var) {
+      if (m.value() != kept || x.shape[static_cast<size_t>(m.value())] != r.shape[d]) return -1;
+      ++kept;
+    } else if (!(m.is_const() && m.value() == 0 && r.shape[d] == 1)) {
+      return -1;
+    }
+  }
+  return kept;
+}
 
 uint64_t KernelIR::structure_hash() const {
   uint64_t h = 0x6b696c6e6b65726eULL;
@@ -606,11 +732,17 @@ uint64_t KernelIR::structure_hash() const {
     mix(std::hash<std::string>{}(v.value.str()) ^ static_cast<uint64_t>(v.value.kind()));
     mix(static_cast<uint64_t>(v.param + 1));
     mix(static_cast<uint64_t>(v.normal) << 32 | static_cast<uint64_t>(v.seed_param + 1));
+    mix(static_cast<uint64_t>(v.stage + 1));
     for (size_t k = 0; k < v.bounds.size(); ++k) {
       mix(v.bounds[k].first.hash());
       mix(v.bounds[k].second.hash() ^ (v.bound_is_error[k] ? 1 : 0));
       mix(static_cast<uint64_t>(v.bound_site[k] + 1));
     }
+  }
+  for (const RowStage& st : stages) {
+    mix(static_cast<uint64_t>(st.reduce) << 8 | static_cast<uint64_t>(st.dtype));
+    for (const IndexExpr& d : st.dims) mix(d.hash());
+    mix(static_cast<uint64_t>(st.first_var) << 32 | static_cast<uint64_t>(st.value + 1));
   }
   mix(static_cast<uint64_t>(result + 1));
   mix(static_cast<uint64_t>(reduce));
@@ -621,10 +753,22 @@ uint64_t KernelIR::structure_hash() const {
 }
 
 std::string KernelIR::dump() const {
-  static const char* kinds[] = {"map", "inner_reduce", "scatter"};
+  static const char* kinds[] = {"map", "inner_reduce", "scatter", "rows"};
   std::string s = std::string(kinds[static_cast<int>(kind)]) + " over [";
   for (size_t d = 0; d < dims.size(); ++d) s += (d ? ", " : "") + dims[d].str();
   s += "]";
+  if (kind == Kind::Rows) {
+    s += " rows=" + std::to_string(kept);
+    for (size_t k = 0; k < stages.size(); ++k) {
+      const RowStage& st = stages[k];
+      s += "\n  stage " + std::to_string(k) + ": " + std::string(reduce_name(st.reduce)) + " of v" +
+           std::to_string(st.value) + " over [";
+      for (size_t d = 0; d < st.dims.size(); ++d)
+        s += (d ? ", i" : "i") + std::to_string(st.first_var + static_cast<int>(d)) + " < " +
+             st.dims[d].str();
+      s += "] -> " + std::string(dtype_name(st.dtype));
+    }
+  }
   if (kind == Kind::InnerReduce)
     s += " kept=" + std::to_string(kept) + " " + std::string(reduce_name(reduce));
   if (kind == Kind::Scatter) {

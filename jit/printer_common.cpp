@@ -254,6 +254,9 @@ std::string ValuePrinter::statement(int id, int side) const {
       e = normalize(x.dtype, e);
       break;
     }
+    case IrValue::Kind::Stage:
+      e = "stage" + std::to_string(x.stage);  // the row's total, declared after its loop
+      break;
     case IrValue::Kind::InRange: {
       std::string errs = bounds_check(x, true, false);
       if (!errs.empty()) {
@@ -309,6 +312,8 @@ bool mentions_var(const IndexExpr& e, int k) {
 int params_read(const KernelIR& ir) {
   int m = max_param(ir.store_index);
   for (const IndexExpr& d : ir.dims) m = std::max(m, max_param(d));
+  for (const RowStage& st : ir.stages)
+    for (const IndexExpr& d : st.dims) m = std::max(m, max_param(d));
   for (const IrValue& v : ir.values) {
     m = std::max({m, max_param(v.index), v.seed_param >= 0 ? v.seed_param + 1 : -1, v.param});
     for (const auto& [e, n] : v.bounds) m = std::max({m, max_param(e), max_param(n)});

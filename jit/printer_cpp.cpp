@@ -44,6 +44,7 @@ class RowSplit {
             varies = varies || mentions_var(e, inner) || mentions_var(n, inner);
           break;
         case IrValue::Kind::Const:
+        case IrValue::Kind::Stage:
           break;
         case IrValue::Kind::Op:
         case IrValue::Kind::Cast:
@@ -212,6 +213,119 @@ std::vector<int> row_drawn_randoms(const KernelIR& ir, int k) {
   return ids;
 }
 
+// Values `root` depends on (itself included): what one loop of a Rows kernel prints. A
+// Stage value has no operands: it names a total of the row computed before.
+std::vector<char> cone(const KernelIR& ir, int root) {
+  std::vector<char> need(ir.values.size(), 0);
+  std::vector<int> stack{root};
+  while (!stack.empty()) {
+    const int x = stack.back();
+    stack.pop_back();
+    if (need[static_cast<size_t>(x)]) continue;
+    need[static_cast<size_t>(x)] = 1;
+    const IrValue& v = ir.values[static_cast<size_t>(x)];
+    for (int a : v.args) stack.push_back(a);
+    if (v.guard >= 0) stack.push_back(v.guard);
+  }
+  return need;
+}
+
+std::string cone_statements(const KernelIR& ir, int root, const std::string& indent) {
+  ValuePrinter p(ir, kCppDialect);
+  p.indent = indent;
+  const std::vector<char> need = cone(ir, root);
+  std::string s;
+  for (size_t i = 0; i < need.size(); ++i)
+    if (need[i]) s += p.statement(static_cast<int>(i));
+  return s;
+}
+
+// A Rows kernel: per row of the outer vars, each stage's reduction (lane accumulators over
+// its last dim, as InnerReduce), its total rounded to the reduction's dtype, then the
+// row's stores. A row's stages read its inputs again, from cache: a softmax row of 4096
+// floats is 16 KiB, and it makes one pass over memory instead of three kernels' worth.
+std::string rows_body(const KernelIR& ir, const std::vector<std::string>& d) {
+  const int rank = static_cast<int>(ir.dims.size());
+  const std::string L = std::to_string(kLanes);
+  std::string s = "  for (i64 o = begin; o < end; ++o) {\n    i64 rem = o;\n";
+  for (int k = ir.kept - 1; k >= 0; --k)
+    s += "    const i64 i" + std::to_string(k) + " = rem % " + d[static_cast<size_t>(k)] +
+         "; rem /= " + d[static_cast<size_t>(k)] + ";\n";
+  s += "    (void)rem;\n";
+  for (size_t k = 0; k < ir.stages.size(); ++k) {
+    const RowStage& st = ir.stages[k];
+    const std::string n = std::to_string(k);
+    const DType acc_dt = !is_floating(st.dtype)       ? DType::Int64
+                         : st.dtype == DType::Float64 ? DType::Float64
+                                                      : DType::Float32;
+    const std::string acc_t = compute_type(acc_dt), acc = "acc" + n;
+    const std::string id = identity_literal(kCppDialect, st.reduce, st.dtype);
+    const std::string x = "v" + std::to_string(st.value);
+    s += "    " + acc_t + " " + acc + "[" + L + "];\n    for (int l = 0; l < " + L + "; ++l) " +
+         acc + "[l] = (" + acc_t + ")" + id + ";\n";
+    const int nd = static_cast<int>(st.dims.size());
+    std::string close;
+    std::string ind = "    ";
+    for (int m = 0; m + 1 < nd; ++m) {
+      const std::string iv = "i" + std::to_string(st.first_var + m);
+      s += ind + "for (i64 " + iv + " = 0; " + iv + " < d" + std::to_string(st.first_var + m) +
+           "; ++" + iv + ") {\n";
+      close = ind + "}\n" + close;
+      ind += "  ";
+    }
+    if (nd == 0) {
+      s += ind + "{\n" + cone_statements(ir, st.value, ind + "  ") + ind + "  " + acc +
+           "[0] = " + combine(st.reduce, acc + "[0]", x) + ";\n" + ind + "}\n";
+    } else {
+      const std::string last = "i" + std::to_string(st.first_var + nd - 1);
+      const std::string dl = "d" + std::to_string(st.first_var + nd - 1);
+      const std::string body = cone_statements(ir, st.value, ind + "    ");
+      s += ind + "{\n" + ind + "  i64 j = 0;\n" + ind + "  for (; j + " + L + " <= " + dl +
+           "; j += " + L + ") {\n" + ind + "    for (int l = 0; l < " + L + "; ++l) {\n" + ind +
+           "    const i64 " + last + " = j + l;\n" + body + ind + "    " + acc +
+           "[l] = " + combine(st.reduce, acc + "[l]", x) + ";\n" + ind + "    }\n" + ind + "  }\n" +
+           ind + "  for (; j < " + dl + "; ++j) {\n" + ind + "    const i64 " + last + " = j;\n" +
+           body + ind + "    " + acc + "[0] = " + combine(st.reduce, acc + "[0]", x) + ";\n" + ind +
+           "  }\n" + ind + "}\n";
+    }
+    s += close;
+    s += "    " + acc_t + " total" + n + " = " + acc + "[0];\n    for (int l = 1; l < " + L +
+         "; ++l) total" + n + " = " + combine(st.reduce, "total" + n, acc + "[l]") + ";\n";
+    // Rounded as a stored total would be, then read back in the compute type.
+    s += "    const " + compute_type(st.dtype) + " stage" + n + " = " +
+         load_expr(st.dtype, store_expr(st.dtype, "total" + n)) + ";\n";
+  }
+  const std::string res = "v" + std::to_string(ir.result);
+  if (rank == ir.kept) {
+    s += "    {\n" + cone_statements(ir, ir.result, "      ") +
+         "      out[o] = " + store_expr(ir.out_dtype, res) + ";\n    }\n  }\n";
+    return s;
+  }
+  // The row's elements: out is contiguous, row o starts at o * (product of inner extents).
+  std::string inner = "1";
+  for (int k = ir.kept; k < rank; ++k) inner += " * " + d[static_cast<size_t>(k)];
+  s += "    const i64 row0 = o * (" + inner + ");\n";
+  std::string ind = "    ", close, flat = "0";
+  for (int k = ir.kept; k + 1 < rank; ++k) {
+    const std::string iv = "i" + std::to_string(k);
+    s += ind + "for (i64 " + iv + " = 0; " + iv + " < " + d[static_cast<size_t>(k)] + "; ++" + iv +
+         ") {\n";
+    close = ind + "}\n" + close;
+    ind += "  ";
+    flat = "(" + flat + " + " + iv + ") * " + d[static_cast<size_t>(k + 1)];
+  }
+  const std::string last = "i" + std::to_string(rank - 1);
+  // In place (the memory plan may hand out an input's buffer), each element is read before
+  // it is written and the stages read only this row, which they finished before.
+  s += "#if defined(__clang__)\n#pragma clang loop vectorize(assume_safety)\n"
+       "#elif defined(__GNUC__)\n#pragma GCC ivdep\n#endif\n" +
+       ind + "for (i64 " + last + " = 0; " + last + " < " + d[static_cast<size_t>(rank - 1)] +
+       "; ++" + last + ") {\n" + cone_statements(ir, ir.result, ind + "  ") + ind +
+       "  out[row0 + " + flat + " + " + last + "] = " + store_expr(ir.out_dtype, res) + ";\n" +
+       ind + "}\n" + close + "  }\n";
+  return s;
+}
+
 }  // namespace
 
 PrintedKernel print_cpp(const KernelIR& ir) {
@@ -226,6 +340,7 @@ PrintedKernel print_cpp(const KernelIR& ir) {
   std::string head = "// kiln kernel: " +
                      std::string(ir.kind == KernelIR::Kind::Map           ? "map"
                                  : ir.kind == KernelIR::Kind::InnerReduce ? "reduce"
+                                 : ir.kind == KernelIR::Kind::Rows        ? "rows"
                                                                           : "scatter") +
                      "\n// ops:";
   for (const std::string& op : ir.source_ops) head += " " + op;
@@ -261,6 +376,10 @@ PrintedKernel print_cpp(const KernelIR& ir) {
     d.push_back("d0");
     pro += "  const i64 d0 = 1;\n";
   }
+  for (const RowStage& st : ir.stages)
+    for (size_t m = 0; m < st.dims.size(); ++m)
+      pro += "  const i64 d" + std::to_string(st.first_var + static_cast<int>(m)) + " = " +
+             index_str(st.dims[m]) + ";\n";
   const int r = std::max(rank, 1);
   std::string body;
 
@@ -286,7 +405,9 @@ PrintedKernel print_cpp(const KernelIR& ir) {
     return s;
   };
 
-  if (ir.kind == KernelIR::Kind::Map) {
+  if (ir.kind == KernelIR::Kind::Rows) {
+    body = rows_body(ir, d);
+  } else if (ir.kind == KernelIR::Kind::Map) {
     // A map may run in place (jit/step_memory.cpp, assign_in_place): `out` is then the
     // buffer of an input read only at the element being written. `__restrict` on locals
     // does not reach clang's alias analysis, so the vectorizer checks for overlap at run

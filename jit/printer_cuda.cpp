@@ -112,6 +112,10 @@ struct CudaPrinter {
     s += "  i64* err = (i64*)a.b[" + num(n_in + 2) + "];\n  const i64* P = a.P;\n";
     for (int k = 0; k < rank; ++k)
       s += "  const i64 d" + num(k) + " = " + index_str(ir.dims[k]) + ";\n";
+    for (const RowStage& st : ir.stages)
+      for (size_t m = 0; m < st.dims.size(); ++m)
+        s += "  const i64 d" + num(st.first_var + static_cast<int>(m)) + " = " +
+             index_str(st.dims[m]) + ";\n";
     s += "  const i64 tid = (i64)blockIdx.x * blockDim.x + threadIdx.x, nthreads = (i64)gridDim.x "
          "* blockDim.x;\n";
     s += "  (void)out; (void)scratch; (void)err; (void)P; (void)tid; (void)nthreads;\n";
@@ -191,6 +195,114 @@ struct CudaPrinter {
     return s + "      acc = warp_reduce<Acc>(acc);\n      if (lane == 0) " + store + "  }\n";
   }
 
+  // The statements of the values `root` depends on.
+  std::string cone_values(int root, const std::string& indent) const {
+    std::vector<char> need(ir.values.size(), 0);
+    std::vector<int> stack{root};
+    while (!stack.empty()) {
+      const int x = stack.back();
+      stack.pop_back();
+      if (need[static_cast<size_t>(x)]) continue;
+      need[static_cast<size_t>(x)] = 1;
+      const IrValue& v = ir.values[static_cast<size_t>(x)];
+      for (int a : v.args) stack.push_back(a);
+      if (v.guard >= 0) stack.push_back(v.guard);
+    }
+    ValuePrinter p(ir, kCudaDialect);
+    p.indent = indent;
+    std::string s;
+    for (size_t i = 0; i < need.size(); ++i)
+      if (need[i]) s += p.statement(static_cast<int>(i));
+    return s;
+  }
+
+  static DType stage_acc_dtype(const RowStage& st) {
+    if (!is_floating(st.dtype)) return DType::Int64;
+    return st.dtype == DType::Float64 ? DType::Float64 : DType::Float32;
+  }
+
+  // One accumulator struct per stage (its own op and type).
+  std::string stage_accumulators() const {
+    std::string s;
+    for (size_t k = 0; k < ir.stages.size(); ++k) {
+      const RowStage& st = ir.stages[k];
+      const std::string t = compute_type(stage_acc_dtype(st));
+      s += "struct Acc" + num(static_cast<int64_t>(k)) + " {\n  typedef " + t +
+           " T;\n  static __device__ __forceinline__ T identity() { return (T)" +
+           identity_literal(kCudaDialect, st.reduce, st.dtype) +
+           "; }\n  static __device__ __forceinline__ T op(T acc, T x) { return " +
+           combine(st.reduce, "acc", "x") + "; }\n};\n";
+    }
+    return s;
+  }
+
+  // Rows: a block per row when its loops are long, else a warp per row. Each stage's
+  // total reaches every thread of the row (a shuffle or shared memory), then the row's
+  // elements are stored by the same threads.
+  std::string rows_stages_body() const {
+    std::string longest = "(i64)1";
+    auto extent = [&](int first, int count) {
+      std::string e = "(i64)1";
+      for (int m = 0; m < count; ++m) e += " * d" + num(first + m);
+      return e;
+    };
+    std::vector<std::string> stage_n;
+    for (const RowStage& st : ir.stages) {
+      stage_n.push_back(extent(st.first_var, static_cast<int>(st.dims.size())));
+      longest = "max(" + longest + ", " + stage_n.back() + ")";
+    }
+    const std::string store_n = extent(ir.kept, rank - ir.kept);
+    longest = "max(" + longest + ", " + store_n + ")";
+    std::string s = "  const i64 longest = " + longest + ";\n";
+    for (size_t k = 0; k < ir.stages.size(); ++k)
+      s += "  __shared__ Acc" + num(static_cast<int64_t>(k)) + "::T smem" +
+           num(static_cast<int64_t>(k)) + "[32];\n";
+    auto row = [&](bool block) {
+      const std::string first = block ? "threadIdx.x" : "lane", step = block ? "blockDim.x" : "32";
+      std::string r = decompose("row", 0, ir.kept - 1, "    ");
+      for (size_t k = 0; k < ir.stages.size(); ++k) {
+        const RowStage& st = ir.stages[k];
+        const std::string n = num(static_cast<int64_t>(k)), A = "Acc" + n;
+        const int nd = static_cast<int>(st.dims.size());
+        r += "    " + A + "::T acc" + n + " = " + A + "::identity();\n";
+        r += "    for (i64 j = " + first + "; j < " + stage_n[k] + "; j += " + step + ") {\n";
+        r += decompose("j", st.first_var, st.first_var + nd - 1, "      ");
+        r += cone_values(st.value, "      ");
+        r += "      acc" + n + " = " + A + "::op(acc" + n + ", (" + A + "::T)v" + num(st.value) +
+             ");\n    }\n";
+        if (block) {
+          r += "    acc" + n + " = block_reduce<" + A + ">(acc" + n + ", smem" + n +
+               ");\n    if (threadIdx.x == 0) smem" + n + "[0] = acc" + n +
+               ";\n    __syncthreads();\n    acc" + n + " = smem" + n + "[0];\n";
+        } else {
+          r += "    acc" + n + " = warp_reduce<" + A + ">(acc" + n + ");\n    acc" + n +
+               " = __shfl_sync(0xffffffffu, acc" + n + ", 0);\n";
+        }
+        r += "    const " + compute_type(st.dtype) + " stage" + n + " = " +
+             load_expr(st.dtype, store_expr(st.dtype, "acc" + n)) + ";\n";
+      }
+      const std::string res = "v" + num(ir.result);
+      if (rank == ir.kept) {
+        r += "    if (" + first + " == 0) {\n" + cone_values(ir.result, "      ") +
+             "      out[row] = " + store_expr(ir.out_dtype, res) + ";\n    }\n";
+      } else {
+        r += "    for (i64 j = " + first + "; j < " + store_n + "; j += " + step + ") {\n";
+        r += decompose("j", ir.kept, rank - 1, "      ") + cone_values(ir.result, "      ");
+        r += "      out[row * " + store_n + " + j] = " + store_expr(ir.out_dtype, res) +
+             ";\n    }\n";
+      }
+      if (block) r += "    __syncthreads();  // the next row reuses the shared totals\n";
+      return r;
+    };
+    s += "  if (longest >= " + num(kBlockRow) +
+         ") {\n  for (i64 row = blockIdx.x; row < extent; row += gridDim.x) {\n" + row(true) +
+         "  }\n  return;\n  }\n";
+    s += "  const int lane = threadIdx.x & 31;\n";
+    s +=
+        "  for (i64 row = tid >> 5; row < extent; row += nthreads >> 5) {\n" + row(false) + "  }\n";
+    return s;
+  }
+
   std::string partials_body() const {
     std::string s =
         "  " + acc_t + " acc = Acc::identity();\n  __shared__ " + acc_t + " smem[32];\n  {\n";
@@ -253,6 +365,7 @@ PrintedCudaKernel print_cuda(const KernelIR& ir) {
   const std::string out_t = storage_type(ir.out_dtype);
   const char* kind = ir.kind == KernelIR::Kind::Map           ? "map"
                      : ir.kind == KernelIR::Kind::InnerReduce ? "reduce"
+                     : ir.kind == KernelIR::Kind::Rows        ? "rows"
                                                               : "scatter";
   std::string text = "// kiln CUDA kernel: " + std::string(kind) + "\n// ops:";
   for (const std::string& op : ir.source_ops) text += " " + op;
@@ -264,6 +377,10 @@ PrintedCudaKernel print_cuda(const KernelIR& ir) {
     const int vec = ir.dims.empty() ? 1 : 16 / storage_bytes(ir.out_dtype);
     text += c.stage("map", out_t, c.map_body());
     stages.push_back({"map", {"", E::Work, kBlock, int64_t{kBlock} * vec, false}});
+  } else if (ir.kind == KernelIR::Kind::Rows) {
+    text += c.stage_accumulators();
+    text += c.stage("rows", out_t, c.rows_stages_body());
+    stages.push_back({"rows", {"", E::Work, kBlock, kBlock / 32, false}});
   } else if (ir.kind == KernelIR::Kind::InnerReduce) {
     text += c.accumulator("Acc", c.acc_t);
     if (ir.kept > 0) {

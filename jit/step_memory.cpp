@@ -636,14 +636,19 @@ bool reads_at_output_index(const FusionGroup& group, const Node* input) {
   std::unordered_set<const Node*> inside(group.members.begin(), group.members.end());
   std::vector<const Node*> stack;
   std::unordered_set<const Node*> seen;
+  // A reduction inside the group is a row stage (lowering makes it one or refuses): it
+  // reads the row it is computed for, before the row's elements are written, and those
+  // elements share the output's shape, so through elementwise ops it reads only that row.
   for (const Node* m : group.members)
-    if (op_family(m->op) != OpFamily::Elementwise) stack.push_back(m);
+    if (op_family(m->op) != OpFamily::Elementwise && m->op != OpCode::ReindexReduce)
+      stack.push_back(m);
   while (!stack.empty()) {
     const Node* m = stack.back();
     stack.pop_back();
     for (const NodePtr& in : m->inputs) {
       if (in.get() == input) return false;
-      if (inside.count(in.get()) && seen.insert(in.get()).second) stack.push_back(in.get());
+      if (inside.count(in.get()) && in->op != OpCode::ReindexReduce && seen.insert(in.get()).second)
+        stack.push_back(in.get());
     }
   }
   return true;

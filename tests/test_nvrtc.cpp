@@ -222,6 +222,29 @@ TEST_CASE("nvrtc: reductions, scatters and rank 0 print their stages and compile
   compile_both(only_kernel(max(input({}, DType::Int32))));
 }
 
+TEST_CASE("nvrtc: rows kernels (reductions as row stages) print and compile", "[nvrtc][rows]") {
+  if (!have_nvrtc()) return;
+  Tensor x = input({6, 40}, DType::Float32);
+  PrintedCudaKernel sm = only_kernel(softmax(x, 1));
+  CHECK(sm.source.find("kiln CUDA kernel: rows") != std::string::npos);
+  CHECK(sm.source.find("struct Acc1") != std::string::npos);  // max, then sum
+  CHECK(sm.source.find("block_reduce<Acc0>") != std::string::npos);
+  CHECK(sm.source.find("__shfl_sync") != std::string::npos);
+  compile_both(sm);
+  Tensor x4 = input({2, 3, 5, 7}, DType::Float32);
+  compile_both(only_kernel(
+      nn::functional::layer_norm(x4, Shape{5, 7}, input({5, 7}, DType::Float32), Tensor(), 1e-5)));
+  compile_both(only_kernel(log_softmax(input({3, 9}, DType::BFloat16), 1)));
+  compile_both(only_kernel(var(input({4, 9}, DType::Float64), {1})));
+  Tensor xi = input({7, 13}, DType::Int32);
+  compile_both(only_kernel(max(xi, {1}, true) - min(xi, {1}, true)));
+  compile_both(only_kernel(nn::mse_loss(input({50}, DType::Float32), input({50}, DType::Float32))));
+  Tensor target = from_vector(std::vector<int64_t>{1, 0, 3}, {3});
+  for (const jit::KernelIR& ir :
+       plan_kernels({nn::cross_entropy(input({3, 4}, DType::Float32), target)}))
+    compile_both(jit::print_cuda(ir));
+}
+
 TEST_CASE("nvrtc: random numbers and index errors compile", "[nvrtc]") {
   if (!have_nvrtc()) return;
   Generator gen(7);
