@@ -57,11 +57,9 @@ constexpr int kMaxKernelReads = 8;
 // Inline cost from which a value read through a widening reindex (a broadcast) is stored
 // instead: exp(x) feeding a matmul operand would otherwise be recomputed per output column.
 constexpr int kBroadcastBudget = 4;
-// A reduction over everything runs as a row stage (one row, one thread) only up to this
-// many elements; larger ones are split across threads by the executor's partials.
-constexpr int64_t kSerialRowElements = int64_t{1} << 16;
-
-// Whether reduction `n` may run as a row stage inside its consumer's kernel at its sizes.
+// Whether reduction `n` may run as a row stage inside its consumer's kernel at its sizes. A
+// reduction over everything is a stage (one row, one thread) only while small; larger ones
+// are split across threads by the executor's partials.
 bool row_stage_shape(const Node& n) {
   const int kept = standard_reduction_kept(n);
   return kept > 0 || (kept == 0 && n.inputs[0]->numel() <= kSerialRowElements);
@@ -70,8 +68,10 @@ bool row_stage_shape(const Node& n) {
 }  // namespace
 
 uint64_t fusion_size_class(const Node& n) {
-  if (n.op != OpCode::ReindexReduce) return 0;
-  return 1 + static_cast<uint64_t>(row_stage_shape(n));
+  // Any value may be the root of a one-row kernel, which it allows only while small.
+  const uint64_t large = n.numel() > kSerialRowElements ? 4 : 0;
+  if (n.op != OpCode::ReindexReduce) return large;
+  return large | (1 + static_cast<uint64_t>(row_stage_shape(n)));
 }
 
 bool pass_disabled(const char* pass) {

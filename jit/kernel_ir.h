@@ -132,6 +132,10 @@ struct LoweredKernel {
 /// RowsUnsupported when the group holds a reduction it cannot compute as a row stage.
 LoweredKernel lower(const FusionGroup& group);
 
+/// A Rows kernel without outer dims (reductions over everything) runs on one thread: only
+/// while its stages and its store visit at most this many elements each.
+constexpr int64_t kSerialRowElements = int64_t{1} << 16;
+
 /// A reduction inlined into a group that cannot run as one of its row stages (it is read
 /// at other coordinates than the kernel's rows, or the group's rows differ from its own).
 /// The fusion pass stores such a reduction instead.

@@ -503,7 +503,8 @@ LoweredKernel Lowerer::run() {
     ir.kept = rows_kept_;
     int64_t rows = 1, work = 0;
     if (root->op != OpCode::ReindexReduce) {
-      if (root->shape.size() < k) throw RowsUnsupported{first_stage};
+      if (root->shape.size() < k || (k == 0 && root->numel() > kSerialRowElements))
+        throw RowsUnsupported{first_stage};
       make_domain(root->shape);
       outer_extent_.assign(root->shape.begin(), root->shape.begin() + rows_kept_);
       // Vars past the domain's; at least 1, since a rank-0 kernel names its d0.
@@ -511,8 +512,10 @@ LoweredKernel Lowerer::run() {
       ir.result = value_of(root, vars, true);
       work = root->numel();
     } else {
-      if (standard_reduction_kept(*root) != rows_kept_) throw RowsUnsupported{first_stage};
       Node* x = root->inputs[0].get();
+      if (standard_reduction_kept(*root) != rows_kept_ ||
+          (k == 0 && x->numel() > kSerialRowElements))
+        throw RowsUnsupported{first_stage};
       for (size_t d = 0; d < k; ++d) {
         ir.dims.push_back(param(x->shape[d]));
         vars.push_back(IndexExpr::var(static_cast<int>(d)));

@@ -141,6 +141,12 @@ TEST_CASE("whole-tensor reductions are stages only while small, at every size th
     const jit::EvalStats s = agree([&] { return nn::mse_loss(a, t); }, 1e-5);
     if (n <= 300) CHECK(s.kernels == 1);
   }
+  // A small whole reduction read by a large kernel is stored: as a one-row kernel, the
+  // large one would run on one thread.
+  Tensor small = ready(randn({50})), big = ready(randn({300, 400}));
+  CHECK(agree([&] { return big - mean(small); }, 1e-5).kernels == 2);
+  agree([&] { return sum(big * mean(small)); }, 1e-4);
+  CHECK(agree([&] { return mean(small) * 2.0 + max(small); }, 1e-6).kernels == 1);
 }
 
 TEST_CASE("reductions read outside their rows are stored, and stages read through padding",
