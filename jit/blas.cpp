@@ -3,7 +3,11 @@
 #include <dlfcn.h>
 
 #include <cstdio>
+#include <cstring>
+#include <map>
 #include <mutex>
+#include <tuple>
+#include <vector>
 
 #include "../core/error.h"
 #include "../core/log.h"
@@ -102,7 +106,125 @@ GemmPath dnnl_path() {
   p.generic = host_has_avx2() && (static_cast<unsigned>(isa) & 0x7u) != 0x7u;
   return p;
 }
+
+// oneDNN has no bf16/f16 gemm call in its C API: half-precision products run on its matmul
+// primitive (float32 accumulation, one rounding of the result; AVX512-BF16, AMX or
+// AVX512-FP16 where the CPU has them). Primitives are made once per layout and shared by
+// every thread (executing one is thread-safe); each thread has its own stream.
+dnnl_engine_t dnnl_cpu_engine() {
+  static dnnl_engine_t engine = [] {
+    dnnl_engine_t e = nullptr;
+    if (dnnl_engine_create(&e, dnnl_cpu, 0) != dnnl_success) e = nullptr;
+    return e;
+  }();
+  return engine;
+}
+
+using MatmulKey =
+    std::tuple<int, bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, bool>;
+struct Matmul {
+  dnnl_primitive_t primitive = nullptr;
+  dnnl_memory_desc_t a, b, c;
+};
+
+dnnl_data_type_t dnnl_type(DType t) { return t == DType::BFloat16 ? dnnl_bf16 : dnnl_f16; }
+
+// The primitive for one layout, or nullptr where oneDNN has no implementation (f16 before
+// AVX512-FP16, bf16 before AVX-512): the caller then converts to float32.
+const Matmul* matmul_for(DType dtype, bool ta, bool tb, int64_t m, int64_t n, int64_t k,
+                         int64_t lda, int64_t ldb, int64_t ldc, bool accumulate) {
+  static std::mutex mutex;
+  static std::map<MatmulKey, Matmul> cache;
+  const MatmulKey key{static_cast<int>(dtype), ta, tb, m, n, k, lda, ldb, ldc, accumulate};
+  std::lock_guard lock(mutex);
+  if (auto it = cache.find(key); it != cache.end())
+    return it->second.primitive ? &it->second : nullptr;
+  // Bounded: a workload with many layouts drops them all and starts again.
+  if (cache.size() >= 1024) {
+    for (auto& [k2, mm] : cache)
+      if (mm.primitive) dnnl_primitive_destroy(mm.primitive);
+    cache.clear();
+  }
+  Matmul mm;
+  const dnnl_data_type_t t = dnnl_type(dtype);
+  const dnnl_dims_t a_dims = {m, k}, b_dims = {k, n}, c_dims = {m, n};
+  const dnnl_dims_t a_strides = {ta ? 1 : lda, ta ? lda : 1};
+  const dnnl_dims_t b_strides = {tb ? 1 : ldb, tb ? ldb : 1};
+  const dnnl_dims_t c_strides = {ldc, 1};
+  bool ok = dnnl_cpu_engine() != nullptr &&
+            dnnl_memory_desc_init_by_strides(&mm.a, 2, a_dims, t, a_strides) == dnnl_success &&
+            dnnl_memory_desc_init_by_strides(&mm.b, 2, b_dims, t, b_strides) == dnnl_success &&
+            dnnl_memory_desc_init_by_strides(&mm.c, 2, c_dims, t, c_strides) == dnnl_success;
+  dnnl_matmul_desc_t desc;
+  ok = ok && dnnl_matmul_desc_init(&desc, &mm.a, &mm.b, nullptr, &mm.c) == dnnl_success;
+  dnnl_primitive_attr_t attr = nullptr;
+  dnnl_post_ops_t post = nullptr;
+  ok = ok && dnnl_primitive_attr_create(&attr) == dnnl_success;
+  if (ok && accumulate) {
+    // C += A @ B: the sum post-op adds the old C (in its own dtype) before the rounding.
+    ok = dnnl_post_ops_create(&post) == dnnl_success &&
+         dnnl_post_ops_append_sum(post, 1.0f) == dnnl_success &&
+         dnnl_primitive_attr_set_post_ops(attr, post) == dnnl_success;
+  }
+  dnnl_primitive_desc_t pd = nullptr;
+  ok = ok &&
+       dnnl_primitive_desc_create(&pd, &desc, attr, dnnl_cpu_engine(), nullptr) == dnnl_success;
+  ok = ok && dnnl_primitive_create(&mm.primitive, pd) == dnnl_success;
+  if (!ok) mm.primitive = nullptr;
+  if (pd) dnnl_primitive_desc_destroy(pd);
+  if (post) dnnl_post_ops_destroy(post);
+  if (attr) dnnl_primitive_attr_destroy(attr);
+  auto it = cache.emplace(key, mm).first;
+  return it->second.primitive ? &it->second : nullptr;
+}
+
+bool dnnl_matmul(const Matmul& mm, const void* a, const void* b, void* c) {
+  thread_local dnnl_stream_t stream = [] {
+    dnnl_stream_t s = nullptr;
+    if (dnnl_stream_create(&s, dnnl_cpu_engine(), dnnl_stream_default_flags) != dnnl_success)
+      s = nullptr;
+    return s;
+  }();
+  if (!stream) return false;
+  dnnl_memory_t ma = nullptr, mb = nullptr, mc = nullptr;
+  bool ok =
+      dnnl_memory_create(&ma, &mm.a, dnnl_cpu_engine(), const_cast<void*>(a)) == dnnl_success &&
+      dnnl_memory_create(&mb, &mm.b, dnnl_cpu_engine(), const_cast<void*>(b)) == dnnl_success &&
+      dnnl_memory_create(&mc, &mm.c, dnnl_cpu_engine(), c) == dnnl_success;
+  if (ok) {
+    const dnnl_exec_arg_t args[] = {{DNNL_ARG_SRC, ma}, {DNNL_ARG_WEIGHTS, mb}, {DNNL_ARG_DST, mc}};
+    ok = dnnl_primitive_execute(mm.primitive, stream, 3, args) == dnnl_success &&
+         dnnl_stream_wait(stream) == dnnl_success;
+  }
+  for (dnnl_memory_t x : {ma, mb, mc})
+    if (x) dnnl_memory_destroy(x);
+  return ok;
+}
+
+// Whether oneDNN runs `dtype` products on this CPU (asked once, on a small layout).
+bool dnnl_half_available(DType dtype) {
+  static const bool bf16 = matmul_for(DType::BFloat16, false, false, 8, 8, 8, 8, 8, 8, false);
+  static const bool f16 = matmul_for(DType::Float16, false, false, 8, 8, 8, 8, 8, 8, false);
+  return dtype == DType::BFloat16 ? bf16 : f16;
+}
 #endif
+
+// A half-precision operand or result element as float, and back (round to nearest even).
+float half_to_float(DType t, uint16_t bits) {
+  return t == DType::BFloat16 ? bfloat16_bits_to_float(bits) : half_bits_to_float(bits);
+}
+uint16_t float_to_half(DType t, float v) {
+  return t == DType::BFloat16 ? float_to_bfloat16_bits(v) : float_to_half_bits(v);
+}
+
+// op(X) of a half matrix as a dense float32 rows x cols matrix (row-major, no transpose).
+void widen(DType t, bool trans, int64_t rows, int64_t cols, const uint16_t* x, int64_t ld,
+           std::vector<float>& out) {
+  out.resize(static_cast<size_t>(rows * cols));
+  for (int64_t i = 0; i < rows; ++i)
+    for (int64_t j = 0; j < cols; ++j)
+      out[static_cast<size_t>(i * cols + j)] = half_to_float(t, x[trans ? j * ld + i : i * ld + j]);
+}
 
 #if KILN_WITH_BLAS
 GemmPath openblas_path() {
@@ -143,6 +265,19 @@ void warn_if_generic(DType dtype) {
 }  // namespace
 
 GemmPath gemm_path(DType dtype) {
+  if (dtype == DType::Float16 || dtype == DType::BFloat16) {
+#if KILN_WITH_DNNL
+    if (dnnl_half_available(dtype)) {
+      GemmPath p = dnnl_path();
+      p.kernels += " (matmul primitive)";
+      return p;
+    }
+#endif
+    // Converted to float32, multiplied there, rounded back.
+    GemmPath p = gemm_path(DType::Float32);
+    if (p.library != "none") p.kernels += " (via float32)";
+    return p;
+  }
 #if KILN_WITH_DNNL
   if (dtype == DType::Float32) return dnnl_path();
 #endif
@@ -155,12 +290,48 @@ GemmPath gemm_path(DType dtype) {
 
 bool cpu_gemm_available(DType dtype) {
   // What the build has, not gemm_path(): the matcher asks for every reduction it sees.
-  if (dtype == DType::Float32) return KILN_WITH_DNNL || KILN_WITH_BLAS;
+  // Half precision runs on oneDNN's matmul or converted to float32, so wherever float32 does.
+  if (dtype == DType::Float32 || dtype == DType::Float16 || dtype == DType::BFloat16)
+    return KILN_WITH_DNNL || KILN_WITH_BLAS;
   return dtype == DType::Float64 && KILN_WITH_BLAS;
 }
 
 void cpu_gemm(DType dtype, bool ta, bool tb, int64_t m, int64_t n, int64_t k, const void* a,
               int64_t lda, const void* b, int64_t ldb, bool accumulate, void* c, int64_t ldc) {
+  if (dtype == DType::Float16 || dtype == DType::BFloat16) {
+#if KILN_WITH_DNNL
+    if (const Matmul* mm = matmul_for(dtype, ta, tb, m, n, k, lda, ldb, ldc, accumulate)) {
+      static thread_local bool one_thread = false;
+      if (!one_thread) {
+        run_one_openmp_thread();
+        one_thread = true;
+      }
+      if (!dnnl_matmul(*mm, a, b, c))
+        throw ValueError("[matmul] oneDNN's " + std::string(dtype_name(dtype)) +
+                         " matmul failed for " + std::to_string(m) + "x" + std::to_string(k) +
+                         " @ " + std::to_string(k) + "x" + std::to_string(n));
+      return;
+    }
+#endif
+    // Where oneDNN has no half kernels for this CPU: widen, multiply in float32, round once.
+    thread_local std::vector<float> fa, fb, fc;
+    const auto* ha = static_cast<const uint16_t*>(a);
+    const auto* hb = static_cast<const uint16_t*>(b);
+    auto* hc = static_cast<uint16_t*>(c);
+    widen(dtype, ta, m, k, ha, lda, fa);
+    widen(dtype, tb, k, n, hb, ldb, fb);
+    fc.resize(static_cast<size_t>(m * n));
+    if (accumulate)
+      for (int64_t i = 0; i < m; ++i)
+        for (int64_t j = 0; j < n; ++j)
+          fc[static_cast<size_t>(i * n + j)] = half_to_float(dtype, hc[i * ldc + j]);
+    cpu_gemm(DType::Float32, false, false, m, n, k, fa.data(), k, fb.data(), n, accumulate,
+             fc.data(), n);
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t j = 0; j < n; ++j)
+        hc[i * ldc + j] = float_to_half(dtype, fc[static_cast<size_t>(i * n + j)]);
+    return;
+  }
   warn_if_generic(dtype);
 #if KILN_WITH_DNNL
   if (dtype == DType::Float32) {

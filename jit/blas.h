@@ -20,15 +20,18 @@ struct GemmPath {
   bool generic = false;  ///< a baseline path on a CPU that has AVX2 or better
 };
 
-/// The library path of float32 or float64 GEMMs (other dtypes: generated kernels).
+/// The library path of one dtype's GEMMs: float32 and float64 as above; float16 and
+/// bfloat16 on oneDNN's matmul primitive where it has kernels for this CPU, else widened to
+/// float32 (kernels then ends in "(via float32)"); other dtypes: generated kernels.
 GemmPath gemm_path(DType dtype);
 
 /// True when some library runs CPU GEMMs of `dtype`.
 bool cpu_gemm_available(DType dtype);
 
-/// One single-threaded row-major product C = A @ B (+ C when `accumulate`) of float32 or
-/// float64 matrices, on the library gemm_path(dtype) names; `ta`/`tb` read A/B transposed.
-/// The first call on a generic path prints one warning.
+/// One single-threaded row-major product C = A @ B (+ C when `accumulate`) of float32,
+/// float64, float16 or bfloat16 matrices (halves accumulate in float32 and round once), on
+/// the library gemm_path(dtype) names; `ta`/`tb` read A/B transposed. The first call on a
+/// generic path prints one warning.
 void cpu_gemm(DType dtype, bool ta, bool tb, int64_t m, int64_t n, int64_t k, const void* a,
               int64_t lda, const void* b, int64_t ldb, bool accumulate, void* c, int64_t ldc);
 

@@ -236,9 +236,10 @@ bool merge_dims(std::vector<int> dims, const Shape& dom,
 bool gemm_layout(const Node& r, GemmLayout* out) {
   if (r.op != OpCode::ReindexReduce || r.reduce != ReduceOp::Sum || r.inputs.size() != 1)
     return false;
-  // OpenBLAS has float32/float64; cuBLAS also float16/bfloat16 (accumulating in float32).
-  bool half = r.dtype == DType::Float16 || r.dtype == DType::BFloat16;
-  if (r.dtype != DType::Float32 && r.dtype != DType::Float64 && !(half && r.device.is_cuda()))
+  // float32/float64, and float16/bfloat16 accumulating in float32 (cuBLAS; on the CPU
+  // oneDNN's matmul or float32 GEMMs, jit/blas.h).
+  if (r.dtype != DType::Float32 && r.dtype != DType::Float64 && r.dtype != DType::Float16 &&
+      r.dtype != DType::BFloat16)
     return false;
   const Node& p = *r.inputs[0];
   if (p.op != OpCode::Mul || p.inputs.size() != 2) return false;

@@ -11,7 +11,10 @@
 #include <vector>
 
 #include "core/thread_pool.h"
+#include "frontend/kiln.h"
 #include "jit/blas.h"
+#include "jit/executor.h"
+#include "op_harness.h"
 
 using namespace kiln;
 
@@ -68,7 +71,64 @@ void check_random_gemms(DType dtype, uint64_t seed, int cases, double tol) {
   }
 }
 
+// float16/bfloat16: inputs are exact halves, the reference sums them in float64, and the
+// result is rounded once to the dtype (relative 2^-8 for bfloat16, 2^-11 for float16) after
+// a float32 accumulation (bounded by k units of float32 of the sum's magnitude).
+void check_random_half_gemms(DType dtype, uint64_t seed, int cases) {
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<float> value(-1, 1);
+  const bool bf16 = dtype == DType::BFloat16;
+  auto to_half = [&](float v) { return bf16 ? float_to_bfloat16_bits(v) : float_to_half_bits(v); };
+  auto to_float = [&](uint16_t h) {
+    return bf16 ? bfloat16_bits_to_float(h) : half_bits_to_float(h);
+  };
+  const double unit = bf16 ? 1.0 / 256 : 1.0 / 2048;
+  for (int t = 0; t < cases; ++t) {
+    const bool big = t % 8 == 7;
+    const int64_t m = 1 + static_cast<int64_t>(rng() % (big ? 200 : 40));
+    const int64_t n = 1 + static_cast<int64_t>(rng() % (big ? 200 : 40));
+    const int64_t k = 1 + static_cast<int64_t>(rng() % (big ? 200 : 40));
+    const bool ta = rng() % 2, tb = rng() % 2, acc = rng() % 2;
+    const int64_t lda = (ta ? m : k) + static_cast<int64_t>(rng() % 3);
+    const int64_t ldb = (tb ? k : n) + static_cast<int64_t>(rng() % 3);
+    const int64_t ldc = n + static_cast<int64_t>(rng() % 3);
+    std::vector<uint16_t> a(static_cast<size_t>((ta ? k : m) * lda)),
+        b(static_cast<size_t>((tb ? n : k) * ldb)), c(static_cast<size_t>(m * ldc));
+    for (auto* v : {&a, &b, &c})
+      for (uint16_t& x : *v) x = to_half(value(rng));
+    std::vector<double> da(a.size()), db(b.size()), dc(c.size());
+    for (size_t i = 0; i < a.size(); ++i) da[i] = to_float(a[i]);
+    for (size_t i = 0; i < b.size(); ++i) db[i] = to_float(b[i]);
+    for (size_t i = 0; i < c.size(); ++i) dc[i] = to_float(c[i]);
+    const std::vector<double> expected =
+        reference_gemm(ta, tb, m, n, k, da, lda, db, ldb, dc, ldc, acc);
+    jit::cpu_gemm(dtype, ta, tb, m, n, k, a.data(), lda, b.data(), ldb, acc, c.data(), ldc);
+    INFO(dtype_name(dtype) << " case " << t << ": " << m << "x" << k << " @ " << k << "x" << n
+                           << (ta ? " A^T" : "") << (tb ? " B^T" : "") << (acc ? " += " : ""));
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t j = 0; j < n; ++j) {
+        const size_t at = static_cast<size_t>(i * ldc + j);
+        const double want = expected[at], got = to_float(c[at]);
+        INFO("element " << i << ", " << j << ": " << got << " vs " << want);
+        REQUIRE(std::abs(got - want) <= unit * std::abs(want) + 1e-6 * static_cast<double>(k + 1));
+      }
+  }
+}
+
 }  // namespace
+
+TEST_CASE("float16 and bfloat16 CPU GEMMs accumulate in float32 and round once",
+          "[blas][matmul][dtype]") {
+  for (DType dtype : {DType::BFloat16, DType::Float16}) {
+    if (!jit::cpu_gemm_available(dtype)) {
+      WARN("no GEMM library for " << dtype_name(dtype) << " in this build: skipped");
+      continue;
+    }
+    INFO(dtype_name(dtype) << " on " << jit::gemm_path(dtype).library << " "
+                           << jit::gemm_path(dtype).kernels);
+    check_random_half_gemms(dtype, dtype == DType::BFloat16 ? 31 : 32, 80);
+  }
+}
 
 TEST_CASE("CPU GEMMs match a float64 triple loop in every layout", "[blas][matmul]") {
   for (DType dtype : {DType::Float32, DType::Float64}) {
@@ -159,4 +219,46 @@ TEST_CASE("oneDNN runs each pool thread's part on that thread alone", "[blas][th
   });
   CHECK(wider.load() == 0);
   for (const auto& part : c) CHECK(part[0] == 16.0f);
+}
+
+TEST_CASE("half-precision matmuls run as library GEMMs and match the reference",
+          "[blas][matmul][dtype]") {
+  for (DType dtype : {DType::BFloat16, DType::Float16}) {
+    if (!jit::cpu_gemm_available(dtype)) continue;
+    INFO(dtype_name(dtype));
+    const double tol = dtype == DType::BFloat16 ? 1.0 / 128 : 1.0 / 1024;
+    manual_seed(11);
+    Tensor a = cast(rand({3, 37, 50}) - 0.5, dtype).eval();
+    Tensor b = cast(rand({3, 50, 29}) - 0.5, dtype).eval();
+    Tensor w = cast(rand({29, 50}) - 0.5, dtype).eval();
+    struct Case {
+      const char* name;
+      std::function<Tensor()> build;
+    };
+    const std::vector<Case> cases = {
+        {"batched", [&] { return matmul(a, b); }},
+        {"transposed weight (a linear layer)", [&] { return matmul(a, transpose(w, 0, 1)); }},
+        {"weight gradient (A^T, summed over the batch)",
+         [&] {
+           return matmul(transpose(reshape(a, {111, 50}), 0, 1), reshape(matmul(a, b), {111, 29}));
+         }},
+    };
+    for (const Case& c : cases) {
+      INFO(c.name);
+      std::vector<double> want;
+      {
+        kiln::test::ExecutorScope ref("reference");
+        want = c.build().to_vector<double>();
+      }
+      Tensor got_t = c.build();
+      got_t.eval();
+      CHECK(jit::last_eval_stats().library_calls >= 1);
+      const std::vector<double> got = got_t.to_vector<double>();
+      REQUIRE(got.size() == want.size());
+      for (size_t i = 0; i < got.size(); ++i) {
+        INFO("element " << i << ": " << got[i] << " vs " << want[i]);
+        REQUIRE(std::abs(got[i] - want[i]) <= tol * (std::abs(want[i]) + 0.5));
+      }
+    }
+  }
 }

@@ -103,6 +103,8 @@ int run_info_command(const Invocation& inv) {
   const std::string driver = cuda::driver_status();
   const jit::GemmPath gemm32 = jit::gemm_path(DType::Float32);
   const jit::GemmPath gemm64 = jit::gemm_path(DType::Float64);
+  const jit::GemmPath gemm_bf16 = jit::gemm_path(DType::BFloat16);
+  const jit::GemmPath gemm_f16 = jit::gemm_path(DType::Float16);
 
   if (inv.json) {
     Json out = {
@@ -113,7 +115,11 @@ int run_info_command(const Invocation& inv) {
         {"default_compiler", default_ok ? Json(default_compiler) : Json(nullptr)},
         {"cpu_features", features},
         {"threads", threads},
-        {"gemm", {{"float32", gemm_json(gemm32)}, {"float64", gemm_json(gemm64)}}},
+        {"gemm",
+         {{"float32", gemm_json(gemm32)},
+          {"float64", gemm_json(gemm64)},
+          {"bfloat16", gemm_json(gemm_bf16)},
+          {"float16", gemm_json(gemm_f16)}}},
         {"cache",
          {{"directory", cache.directory()},
           {"disk_enabled", cache.disk_enabled()},
@@ -150,6 +156,8 @@ int run_info_command(const Invocation& inv) {
   table.add_row({"threads", std::to_string(threads)});
   table.add_row({"gemm float32", gemm_line(gemm32)});
   table.add_row({"gemm float64", gemm_line(gemm64)});
+  table.add_row({"gemm bfloat16", gemm_line(gemm_bf16)});
+  table.add_row({"gemm float16", gemm_line(gemm_f16)});
   std::string directory = cache.directory().empty() ? "(none: memory only)" : cache.directory();
   if (!cache.directory().empty() && !cache.disk_enabled())
     directory += " (not writable: new kernels kept in memory)";
