@@ -14,7 +14,12 @@
 #include <vector>
 
 #include "core/error.h"
+#include "frontend/kiln.h"
 #include "jit/compiler.h"
+#include "jit/fuse.h"
+#include "jit/kernel_ir.h"
+#include "jit/printer_cpp.h"
+#include "test_files.h"
 
 using kiln::CompileError;
 using kiln::jit::CpuCompiler;
@@ -324,4 +329,64 @@ TEST_CASE("compile and load times", "[compiler]") {
               << " ms CPU of this thread; load + symbol lookup of a compiled image median "
               << median(load_ms) << " ms (" << images[0].size() << "-byte image)");
   }
+}
+
+TEST_CASE("float16 and bfloat16 loads and stores compile to vector instructions",
+          "[compiler][dtype]") {
+#if defined(__x86_64__)
+  // The printed kernel of `a * b + c` in each half dtype, compiled as the in-process
+  // compiler does (clang 16, -O3, the host's features) but to assembly, where the row loop
+  // must convert with vector instructions: vcvtph2ps/vcvtps2ph (F16C) for float16, vector
+  // integer shifts and packs for bfloat16, and do its arithmetic on ymm/zmm registers.
+  if (std::system("command -v clang++-16 >/dev/null 2>&1") != 0) {
+    WARN("clang++-16 not on PATH: assembly check skipped");
+    return;
+  }
+  const std::string& features = kiln::jit::host_cpu_features();
+  auto has = [&](const std::string& f) {
+    return (features + ",").find("+" + f + ",") != std::string::npos;
+  };
+  if (!has("avx2") || !has("f16c")) {
+    WARN("host without AVX2 and F16C: assembly check skipped");
+    return;
+  }
+  for (kiln::DType dtype : {kiln::DType::Float16, kiln::DType::BFloat16}) {
+    INFO(kiln::dtype_name(dtype));
+    kiln::Tensor a = kiln::cast(kiln::randn({8, 64}), dtype).eval();
+    kiln::Tensor b = kiln::cast(kiln::randn({8, 64}), dtype).eval();
+    kiln::Tensor c = kiln::cast(kiln::randn({8, 64}), dtype).eval();
+    kiln::Tensor y = a * b + c;
+    std::vector<kiln::Node*> outs{y.node().get()};
+    kiln::jit::FusionPlan plan = kiln::jit::fuse(kiln::pending_subgraph(outs), {outs[0]});
+    REQUIRE(plan.groups.size() == 1);
+    const std::string source = kiln::jit::print_cpp(kiln::jit::lower(plan.groups[0]).ir).source;
+    kiln::test::TempDir dir("kiln_asm");
+    const std::string src = dir.file("k.cpp"), out = dir.file("k.s");
+    kiln::test::write_bytes(src, source);
+    const std::string cmd = "clang++-16 -std=c++17 -O3 -march=native -fno-math-errno -S -o " + out +
+                            " " + src + " 2>&1";
+    REQUIRE(std::system(cmd.c_str()) == 0);
+    const std::string asm_text = kiln::test::read_bytes(out);
+    auto vector_op = [&](const std::string& op) {
+      for (const char* reg : {"%ymm", "%zmm"}) {
+        for (size_t at = asm_text.find(op); at != std::string::npos;
+             at = asm_text.find(op, at + 1)) {
+          const size_t eol = asm_text.find('\n', at);
+          if (asm_text.substr(at, eol - at).find(reg) != std::string::npos) return true;
+        }
+      }
+      return false;
+    };
+    CHECK((vector_op("vfmadd") || vector_op("vmulps")));
+    if (dtype == kiln::DType::Float16) {
+      CHECK(vector_op("vcvtph2ps"));
+      CHECK(vector_op("vcvtps2ph"));
+    } else {
+      CHECK((vector_op("vpmovzxwd") || vector_op("vpunpcklwd") || vector_op("vpslld")));
+      CHECK((vector_op("vpmovdw") || vector_op("vpackusdw") || vector_op("vpsrld")));
+    }
+  }
+#else
+  WARN("not an x86-64 host: assembly check skipped");
+#endif
 }
