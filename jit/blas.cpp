@@ -154,14 +154,14 @@ const Matmul* matmul_for(DType dtype, bool ta, bool tb, int64_t m, int64_t n, in
   bool ok = dnnl_cpu_engine() != nullptr &&
             dnnl_memory_desc_init_by_strides(&mm.a, 2, a_dims, t, a_strides) == dnnl_success &&
             dnnl_memory_desc_init_by_strides(&mm.b, 2, b_dims, t, b_strides) == dnnl_success &&
-            dnnl_memory_desc_init_by_strides(&mm.c, 2, c_dims, t, c_strides) == dnnl_success;
+            dnnl_memory_desc_init_by_strides(&mm.c, 2, c_dims, dnnl_f32, c_strides) == dnnl_success;
   dnnl_matmul_desc_t desc;
   ok = ok && dnnl_matmul_desc_init(&desc, &mm.a, &mm.b, nullptr, &mm.c) == dnnl_success;
   dnnl_primitive_attr_t attr = nullptr;
   dnnl_post_ops_t post = nullptr;
   ok = ok && dnnl_primitive_attr_create(&attr) == dnnl_success;
   if (ok && accumulate) {
-    // C += A @ B: the sum post-op adds the old C (in its own dtype) before the rounding.
+    // C += A @ B: the sum post-op adds the old C.
     ok = dnnl_post_ops_create(&post) == dnnl_success &&
          dnnl_post_ops_append_sum(post, 1.0f) == dnnl_success &&
          dnnl_primitive_attr_set_post_ops(attr, post) == dnnl_success;
@@ -212,9 +212,6 @@ bool dnnl_half_available(DType dtype) {
 // A half-precision operand or result element as float, and back (round to nearest even).
 float half_to_float(DType t, uint16_t bits) {
   return t == DType::BFloat16 ? bfloat16_bits_to_float(bits) : half_bits_to_float(bits);
-}
-uint16_t float_to_half(DType t, float v) {
-  return t == DType::BFloat16 ? float_to_bfloat16_bits(v) : float_to_half_bits(v);
 }
 
 // op(X) of a half matrix as a dense float32 rows x cols matrix (row-major, no transpose).
@@ -313,23 +310,11 @@ void cpu_gemm(DType dtype, bool ta, bool tb, int64_t m, int64_t n, int64_t k, co
       return;
     }
 #endif
-    // Where oneDNN has no half kernels for this CPU: widen, multiply in float32, round once.
-    thread_local std::vector<float> fa, fb, fc;
-    const auto* ha = static_cast<const uint16_t*>(a);
-    const auto* hb = static_cast<const uint16_t*>(b);
-    auto* hc = static_cast<uint16_t*>(c);
-    widen(dtype, ta, m, k, ha, lda, fa);
-    widen(dtype, tb, k, n, hb, ldb, fb);
-    fc.resize(static_cast<size_t>(m * n));
-    if (accumulate)
-      for (int64_t i = 0; i < m; ++i)
-        for (int64_t j = 0; j < n; ++j)
-          fc[static_cast<size_t>(i * n + j)] = half_to_float(dtype, hc[i * ldc + j]);
-    cpu_gemm(DType::Float32, false, false, m, n, k, fa.data(), k, fb.data(), n, accumulate,
-             fc.data(), n);
-    for (int64_t i = 0; i < m; ++i)
-      for (int64_t j = 0; j < n; ++j)
-        hc[i * ldc + j] = float_to_half(dtype, fc[static_cast<size_t>(i * n + j)]);
+    // Where oneDNN has no half kernels for this CPU: widen the operands, multiply in float32.
+    thread_local std::vector<float> fa, fb;
+    widen(dtype, ta, m, k, static_cast<const uint16_t*>(a), lda, fa);
+    widen(dtype, tb, k, n, static_cast<const uint16_t*>(b), ldb, fb);
+    cpu_gemm(DType::Float32, false, false, m, n, k, fa.data(), k, fb.data(), n, accumulate, c, ldc);
     return;
   }
   warn_if_generic(dtype);

@@ -28,10 +28,10 @@ GemmPath gemm_path(DType dtype);
 /// True when some library runs CPU GEMMs of `dtype`.
 bool cpu_gemm_available(DType dtype);
 
-/// One single-threaded row-major product C = A @ B (+ C when `accumulate`) of float32,
-/// float64, float16 or bfloat16 matrices (halves accumulate in float32 and round once), on
-/// the library gemm_path(dtype) names; `ta`/`tb` read A/B transposed. The first call on a
-/// generic path prints one warning.
+/// One single-threaded row-major product C = A @ B (+ C when `accumulate`) of `dtype`
+/// matrices A and B: float32 or float64 (C the same), or float16/bfloat16 (C float32, the
+/// products accumulated in float32), on the library gemm_path(dtype) names; `ta`/`tb` read
+/// A/B transposed. The first call on a generic path prints one warning.
 void cpu_gemm(DType dtype, bool ta, bool tb, int64_t m, int64_t n, int64_t k, const void* a,
               int64_t lda, const void* b, int64_t ldb, bool accumulate, void* c, int64_t ldc);
 

@@ -236,10 +236,10 @@ bool merge_dims(std::vector<int> dims, const Shape& dom,
 bool gemm_layout(const Node& r, GemmLayout* out) {
   if (r.op != OpCode::ReindexReduce || r.reduce != ReduceOp::Sum || r.inputs.size() != 1)
     return false;
-  // float32/float64, and float16/bfloat16 accumulating in float32 (cuBLAS; on the CPU
-  // oneDNN's matmul or float32 GEMMs, jit/blas.h).
-  if (r.dtype != DType::Float32 && r.dtype != DType::Float64 && r.dtype != DType::Float16 &&
-      r.dtype != DType::BFloat16)
+  // float32/float64; cuBLAS also float16/bfloat16 results (accumulating in float32). On the
+  // CPU, half operands of a float32 product are matched in match_gemm.
+  bool half = r.dtype == DType::Float16 || r.dtype == DType::BFloat16;
+  if (r.dtype != DType::Float32 && r.dtype != DType::Float64 && !(half && r.device.is_cuda()))
     return false;
   const Node& p = *r.inputs[0];
   if (p.op != OpCode::Mul || p.inputs.size() != 2) return false;
@@ -355,6 +355,25 @@ bool match_gemm(Node* r, const std::function<bool(Node*)>& single_use, GemmMatch
   match->absorbed = {p, ra, rb};
   match->a = ra->inputs[0].get();
   match->b = rb->inputs[0].get();
+  // A half-precision matmul reads its operands widened to float32 (ops/linalg.cpp). On the
+  // CPU the library reads the halves themselves and accumulates in float32 (jit/blas.h), so
+  // no widened copy of either operand is made.
+  auto widened_half = [](Node* x) -> Node* {
+    if (x->is_evaluated() || x->op != OpCode::Cast || x->dtype != DType::Float32) return nullptr;
+    Node* h = x->inputs[0].get();
+    return h->dtype == DType::Float16 || h->dtype == DType::BFloat16 ? h : nullptr;
+  };
+  Node* ha = widened_half(match->a);
+  Node* hb = widened_half(match->b);
+  if (!r->device.is_cuda() && r->dtype == DType::Float32 && ha && hb && ha->dtype == hb->dtype &&
+      cpu_gemm_available(ha->dtype)) {
+    for (Node* cast : {match->a, match->b})
+      if (single_use(cast) &&
+          std::find(match->absorbed.begin(), match->absorbed.end(), cast) == match->absorbed.end())
+        match->absorbed.insert(match->absorbed.begin(), cast);
+    match->a = ha;
+    match->b = hb;
+  }
   return true;
 }
 
@@ -481,6 +500,9 @@ void run_gemm(const GemmMatch& g) {
   if (!gemm_layout(*g.reduce, &L))
     throw ValueError("[matmul] the library GEMM no longer matches its plan");
   const auto elem = static_cast<int64_t>(itemsize(out.dtype));
+  // Operands may be halves read as they are (match_gemm); the result is float32 then.
+  const DType operands = g.a->dtype;
+  const auto elem_ab = static_cast<int64_t>(itemsize(operands));
   // The memory plan may have handed the result a buffer: the accumulated value's own (in
   // place), or a planned place in its arena.
   std::shared_ptr<Buffer> buffer =
@@ -503,8 +525,8 @@ void run_gemm(const GemmMatch& g) {
     int64_t oa = call.oa + (L.a.trans ? r0 : r0 * L.a.ld);
     int64_t ob = call.ob + (L.b.trans ? c0 * L.b.ld : c0);
     int64_t oc = call.oc + r0 * L.ldc + c0;
-    cpu_gemm(out.dtype, L.a.trans, L.b.trans, r1 - r0, c1 - c0, L.k, a + oa * elem, L.a.ld,
-             b + ob * elem, L.b.ld, call.accumulate || g.sum != nullptr, c + oc * elem, L.ldc);
+    cpu_gemm(operands, L.a.trans, L.b.trans, r1 - r0, c1 - c0, L.k, a + oa * elem_ab, L.a.ld,
+             b + ob * elem_ab, L.b.ld, call.accumulate || g.sum != nullptr, c + oc * elem, L.ldc);
   };
   const int64_t threads = thread_pool().size();
   const int64_t work = L.m * L.n * L.k;
