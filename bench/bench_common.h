@@ -17,6 +17,7 @@
 #include <ctime>
 #include <fstream>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -27,6 +28,7 @@
 #include "examples/common/flags.h"
 #include "jit/blas.h"
 #include "jit/compiler.h"
+#include "jit/kernel_cache.h"
 
 namespace kiln::bench {
 
@@ -487,6 +489,41 @@ class Results {
   std::string json_path_;
   std::vector<Result> rows_;
 };
+
+// --- where the time went (KILN_BENCH_PROFILE=1) ----------------------------------------
+
+/// Each generated kernel's (run ms, launches) so far, by cache key.
+inline std::map<std::string, std::pair<double, uint64_t>> kernel_times() {
+  std::map<std::string, std::pair<double, uint64_t>> out;
+  for (const jit::KernelRecord& r : jit::kernel_records())
+    out[r.key] = {r.run_ms_total, r.launches};
+  return out;
+}
+
+/// Prints the generated kernels that took the most time since `before` (kernel_times()),
+/// with their launch counts and source ops; library calls are not among them.
+inline void print_kernel_profile(const std::map<std::string, std::pair<double, uint64_t>>& before,
+                                 size_t top = 12) {
+  std::vector<std::pair<double, std::string>> rows;
+  double total = 0;
+  uint64_t launches = 0;
+  for (const jit::KernelRecord& r : jit::kernel_records()) {
+    auto it = before.find(r.key);
+    double ms = r.run_ms_total - (it == before.end() ? 0.0 : it->second.first);
+    uint64_t n = r.launches - (it == before.end() ? 0 : it->second.second);
+    if (ms <= 0) continue;
+    total += ms;
+    launches += n;
+    std::string ops;
+    for (const std::string& o : r.source_ops) ops += (ops.empty() ? "" : " ") + o;
+    rows.push_back({ms, std::to_string(n) + " x  " + ops.substr(0, 100)});
+  }
+  std::sort(rows.rbegin(), rows.rend());
+  std::printf("  generated kernels: %.1f ms in %llu launches\n", total,
+              static_cast<unsigned long long>(launches));
+  for (size_t i = 0; i < rows.size() && i < top; ++i)
+    std::printf("  %9.1f ms  %s\n", rows[i].first, rows[i].second.c_str());
+}
 
 /// The CPU compiler kiln uses in this process ("llvm" or "external"; KILN_CPU_COMPILER).
 inline std::string compiler_label() { return jit::cpu_compiler().name(); }

@@ -30,6 +30,7 @@
 
 #include "bench_common.h"
 #include "frontend/nn/functional.h"
+#include "jit/executor.h"
 #include "kiln/kiln.h"
 
 #if KILN_BENCH_DNNL
@@ -301,7 +302,9 @@ int main(int argc, char** argv) {
                   "kiln's conv2d (im2col + GEMM) forward and forward+backward against oneDNN's "
                   "convolution primitive and torch.nn.functional.conv2d.");
   flags.add("only", "", "run only the rows whose shape description contains this text");
-  flags.note("environment: BENCH_REPS (timed repetitions, default 5)");
+  flags.note(
+      "environment: BENCH_REPS (timed repetitions, default 5), KILN_BENCH_PROFILE=1 (print "
+      "the slowest generated kernels of each row)");
   if (std::optional<int> code = parse_or_exit(flags, argc, argv)) return *code;
   Results results(flags.str("json"));
   const int reps = env_int("BENCH_REPS", 5);
@@ -336,6 +339,7 @@ int main(int argc, char** argv) {
       } else {
         check.y.eval();
       }
+      const auto before = kernel_times();
       const Times kiln_t = timed(1, r, [&] {
         KilnStep st = kiln_step(s, in, backward);
         if (backward) {
@@ -344,6 +348,11 @@ int main(int argc, char** argv) {
           st.y.eval();
         }
       });
+      const jit::EvalStats st = jit::last_eval_stats();
+      if (env_int("KILN_BENCH_PROFILE", 0)) {
+        std::printf("%s (%d runs):\n", s.name(backward).c_str(), r + 1);
+        print_kernel_profile(before, 6);
+      }
       std::vector<std::pair<std::string, Times>> peers;
       Result row;
       std::string note;
@@ -393,8 +402,9 @@ int main(int argc, char** argv) {
       row.compiler = compiler;
       const double gflop = s.gflop() * (backward ? 3 : 1);
       row.extra.push_back({"gflop", gflop});
-      char rate[64];
-      std::snprintf(rate, sizeof rate, "kiln %.0f GFLOP/s", gflop / (kiln_t.wall_ms * 1e-3));
+      char rate[96];
+      std::snprintf(rate, sizeof rate, "kiln %.0f GFLOP/s, %zu kernels + %zu library calls",
+                    gflop / (kiln_t.wall_ms * 1e-3), st.kernels, st.library_calls);
       note = rate + std::string("; ") + note;
       if (!peers.empty()) {
         const auto best = std::min_element(

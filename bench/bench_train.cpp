@@ -147,36 +147,6 @@ TorchRun run_torch(const std::string& name, int threads, int reps, bool compile)
   return out;
 }
 
-// With KILN_BENCH_PROFILE=1: the kernels that took the most time since `before`.
-void print_profile(const std::map<std::string, std::pair<double, uint64_t>>& before) {
-  std::vector<std::pair<double, std::string>> rows;
-  double total = 0;
-  uint64_t launches = 0;
-  for (const jit::KernelRecord& r : jit::kernel_records()) {
-    auto it = before.find(r.key);
-    double ms = r.run_ms_total - (it == before.end() ? 0.0 : it->second.first);
-    uint64_t n = r.launches - (it == before.end() ? 0 : it->second.second);
-    if (ms <= 0) continue;
-    total += ms;
-    launches += n;
-    std::string ops;
-    for (const std::string& o : r.source_ops) ops += (ops.empty() ? "" : " ") + o;
-    rows.push_back({ms, std::to_string(n) + " x  " + ops.substr(0, 100)});
-  }
-  std::sort(rows.rbegin(), rows.rend());
-  std::printf("  generated kernels: %.1f ms in %llu launches\n", total,
-              static_cast<unsigned long long>(launches));
-  for (size_t i = 0; i < rows.size() && i < 12; ++i)
-    std::printf("  %9.1f ms  %s\n", rows[i].first, rows[i].second.c_str());
-}
-
-std::map<std::string, std::pair<double, uint64_t>> run_times() {
-  std::map<std::string, std::pair<double, uint64_t>> out;
-  for (const jit::KernelRecord& r : jit::kernel_records())
-    out[r.key] = {r.run_ms_total, r.launches};
-  return out;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -201,9 +171,9 @@ int main(int argc, char** argv) {
     double loss = 0;
     for (int i = 0; i < w.warmup; ++i) loss = step();
     memory::host_pool().reset_peak_stats();
-    auto before = run_times();
+    auto before = kernel_times();
     const Times kiln_t = timed(0, reps, [&] { loss = step(); });
-    if (env_int("KILN_BENCH_PROFILE", 0)) print_profile(before);
+    if (env_int("KILN_BENCH_PROFILE", 0)) print_kernel_profile(before);
     double peak = static_cast<double>(memory::host_pool().stats().peak_allocated);
     for (bool compile : {false, true}) {
       const TorchRun torch = run_torch(w.name, threads, reps, compile);
