@@ -1,0 +1,96 @@
+#!/usr/bin/env python3
+"""Prints the "current table" of docs/benchmarks.md from benchmark JSON rows.
+
+Usage: bench/current_table.py [FILE ...]     (default: bench/results/latest.json)
+
+A FILE is run_all.sh's latest.json (a JSON list) or the JSON lines a program appends with
+--json. Rows with a target, and every row against a peer (PyTorch, oneDNN, OpenBLAS), go in
+the table: workload, kiln's wall / CPU median, the baseline and its times, the ratios
+kiln / baseline in wall and in CPU time, the target and whether each ratio meets it. The
+line above it names the CPU, its ISA level, the float32 GEMM path and the load averages
+the rows were measured under. Rows without a target or a peer (bench_plan's unplanned
+steps, the stream-floor of sums and softmax) are left out; latest.json keeps them.
+"""
+import json
+import os
+import sys
+
+
+def load(path):
+    with open(path) as f:
+        text = f.read().strip()
+    if text.startswith("["):
+        return json.loads(text)
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+def ms(v):
+    if v is None:
+        return "–"
+    if v < 0.1:
+        return f"{v * 1e3:.3g} µs"
+    return f"{v:.0f} ms" if v >= 1000 else f"{v:.3g} ms"
+
+
+def ratio(v):
+    return "–" if v is None else f"{v:.2f}"
+
+
+def section(row):
+    w = row["workload"]
+    if w.startswith("train_"):
+        return "training step"
+    if w.startswith("GEMM"):
+        return "GEMM"
+    if w.startswith("conv2d"):
+        return "conv2d"
+    if w.startswith("plan_"):
+        return "memory plan"
+    if row.get("baseline") == "none":
+        return "compile / overhead"
+    return "fused"
+
+
+def verdict(row, key):
+    met = row.get(key)
+    return "–" if met is None else ("met" if met else "**missed**")
+
+
+def main():
+    here = os.path.dirname(os.path.abspath(__file__))
+    paths = sys.argv[1:] or [os.path.join(here, "results", "latest.json")]
+    rows = [r for p in paths for r in load(p)]
+    if not rows:
+        print("current_table.py: no rows", file=sys.stderr)
+        return 1
+    machines = sorted({(r.get("cpu_model"), r.get("cpu_family"), r.get("cpu_model_number"),
+                        r.get("cpu_isa"), r.get("gemm_path")) for r in rows if r.get("cpu_model")})
+    loads = sorted({r.get("load_average") for r in rows if r.get("load_average")})
+    for cpu, fam, model, isa, gemm in machines:
+        print(f"CPU: {cpu} (family {fam}, model {model}), {isa}; float32 GEMM: {gemm}")
+    if loads:
+        print(f"load averages (1/5/15 min) when rows were written: {', '.join(loads)}")
+    print()
+    print("| section | workload | kiln wall / CPU | baseline | baseline wall / CPU "
+          "| ratio wall | ratio CPU | target | met (wall / CPU) |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    order = ["training step", "fused", "GEMM", "conv2d", "compile / overhead", "memory plan"]
+    rows.sort(key=lambda r: order.index(section(r)))
+    for r in rows:
+        peer = r.get("baseline") not in (None, "none", "unplanned", "stream-floor")
+        if not r.get("target") and not peer:
+            continue
+        base = r.get("baseline", "–")
+        note = r.get("note", "")
+        if r.get("baseline_ms") is None and base not in ("none",) and note:
+            base += f" ({note.split('; ')[-1][:80]})"
+        print(f"| {section(r)} | {r['workload']} | {ms(r.get('kiln_ms'))} / "
+              f"{ms(r.get('kiln_cpu_ms'))} | {base} | {ms(r.get('baseline_ms'))} / "
+              f"{ms(r.get('baseline_cpu_ms'))} | {ratio(r.get('ratio'))} | "
+              f"{ratio(r.get('cpu_ratio'))} | {r.get('target', '–')} | "
+              f"{verdict(r, 'target_met')} / {verdict(r, 'target_met_cpu')} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
