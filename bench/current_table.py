@@ -6,7 +6,12 @@ Usage: bench/current_table.py [FILE ...]     (default: bench/results/latest.json
 A FILE is run_all.sh's latest.json (a JSON list) or the JSON lines a program appends with
 --json. Rows with a target, and every row against a peer (PyTorch, oneDNN, OpenBLAS), go in
 the table: workload, kiln's wall / CPU median, the baseline and its times, the ratios
-kiln / baseline in wall and in CPU time, the target and whether each ratio meets it. The
+kiln / baseline in wall and in CPU time, the target and whether each ratio meets it.
+
+Given several runs of the same rows (several FILEs), each figure is the least of its
+medians over the runs (on a shared machine, load only ever adds time, to kiln and to its
+peers alike), the ratios are taken of those, and a "wall ratio range" column gives the
+least and greatest per-run wall ratio. The
 line above it names the CPU, its ISA level, the float32 GEMM path and the load averages
 the rows were measured under. Rows without a target or a peer (bench_plan's unplanned
 steps, the stream-floor of sums and softmax) are left out; latest.json keeps them.
@@ -56,24 +61,72 @@ def verdict(row, key):
     return "–" if met is None else ("met" if met else "**missed**")
 
 
+def judge(target, kiln, ratio_value):
+    """True / False / None: does a figure meet a target such as "kiln/baseline <= 0.7"."""
+    if not target:
+        return None
+    lhs, _, value = target.rpartition(" ")
+    value = float(value)
+    if lhs == "kiln_ms <=":
+        return None if kiln is None else kiln <= value
+    if ratio_value is None:
+        return None
+    if lhs == "baseline/kiln >=":
+        return 1.0 / ratio_value >= value
+    return ratio_value <= value
+
+
+def least(values):
+    values = [v for v in values if v is not None]
+    return min(values) if values else None
+
+
+def merge(group):
+    """One row from the runs of a (workload, baseline, compiler) group."""
+    if len(group) == 1:
+        return dict(group[0])
+    row = dict(group[-1])
+    for key in ("kiln_ms", "kiln_cpu_ms", "baseline_ms", "baseline_cpu_ms"):
+        row[key] = least(r.get(key) for r in group)
+    def quotient(a, b):
+        return a / b if a is not None and b else None
+    row["ratio"] = quotient(row["kiln_ms"], row["baseline_ms"])
+    row["cpu_ratio"] = quotient(row["kiln_cpu_ms"], row["baseline_cpu_ms"])
+    row["target_met"] = judge(row.get("target"), row["kiln_ms"], row["ratio"])
+    row["target_met_cpu"] = judge(row.get("target"), row["kiln_cpu_ms"], row["cpu_ratio"])
+    ratios = [r["ratio"] for r in group if r.get("ratio") is not None]
+    if ratios:
+        row["ratio_range"] = f"{min(ratios):.2f}–{max(ratios):.2f}"
+    return row
+
+
 def main():
     here = os.path.dirname(os.path.abspath(__file__))
     paths = sys.argv[1:] or [os.path.join(here, "results", "latest.json")]
-    rows = [r for p in paths for r in load(p)]
+    groups = {}
+    for p in paths:
+        for r in load(p):
+            groups.setdefault((r["workload"], r.get("baseline"), r.get("compiler")), []).append(r)
+    rows = [merge(g) for g in groups.values()]
+    runs = max(len(g) for g in groups.values()) if groups else 0
     if not rows:
         print("current_table.py: no rows", file=sys.stderr)
         return 1
     machines = sorted({(r.get("cpu_model"), r.get("cpu_family"), r.get("cpu_model_number"),
                         r.get("cpu_isa"), r.get("gemm_path")) for r in rows if r.get("cpu_model")})
-    loads = sorted({r.get("load_average") for r in rows if r.get("load_average")})
+    loads = sorted({r.get("load_average") for g in groups.values() for r in g
+                    if r.get("load_average")})
     for cpu, fam, model, isa, gemm in machines:
         print(f"CPU: {cpu} (family {fam}, model {model}), {isa}; float32 GEMM: {gemm}")
     if loads:
         print(f"load averages (1/5/15 min) when rows were written: {', '.join(loads)}")
+    if runs > 1:
+        print(f"least median of {runs} runs per figure; ratios of those")
     print()
+    range_head, range_rule = (" wall ratio range |", " --- |") if runs > 1 else ("", "")
     print("| section | workload | kiln wall / CPU | baseline | baseline wall / CPU "
-          "| ratio wall | ratio CPU | target | met (wall / CPU) |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+          f"| ratio wall | ratio CPU |{range_head} target | met (wall / CPU) |")
+    print(f"| --- | --- | --- | --- | --- | --- | --- |{range_rule} --- | --- |")
     order = ["training step", "fused", "GEMM", "conv2d", "compile / overhead", "memory plan"]
     rows.sort(key=lambda r: order.index(section(r)))
     for r in rows:
@@ -87,7 +140,9 @@ def main():
         print(f"| {section(r)} | {r['workload']} | {ms(r.get('kiln_ms'))} / "
               f"{ms(r.get('kiln_cpu_ms'))} | {base} | {ms(r.get('baseline_ms'))} / "
               f"{ms(r.get('baseline_cpu_ms'))} | {ratio(r.get('ratio'))} | "
-              f"{ratio(r.get('cpu_ratio'))} | {r.get('target', '–')} | "
+              f"{ratio(r.get('cpu_ratio'))} |"
+              + (f" {r.get('ratio_range', '–')} |" if runs > 1 else "")
+              + f" {r.get('target', '–')} | "
               f"{verdict(r, 'target_met')} / {verdict(r, 'target_met_cpu')} |")
     return 0
 
