@@ -11,7 +11,8 @@ kiln / baseline in wall and in CPU time, the target and whether each ratio meets
 Given several runs of the same rows (several FILEs), each figure is the least of its
 medians over the runs (on a shared machine, load only ever adds time, to kiln and to its
 peers alike), the ratios are taken of those, and a "wall ratio range" column gives the
-least and greatest per-run wall ratio. The
+least and greatest per-run wall ratio. Where a row's baseline is the fastest of several
+peers (GEMM, conv2d), the peer named is the one with the least time over the runs. The
 line above it names the CPU, its ISA level, the float32 GEMM path and the load averages
 the rows were measured under. Rows without a target or a peer (bench_plan's unplanned
 steps, the stream-floor of sums and softmax) are left out; latest.json keeps them.
@@ -76,6 +77,16 @@ def judge(target, kiln, ratio_value):
     return ratio_value <= value
 
 
+# Baselines that are one fixed peer; any other (GEMM's and conv2d's) is the fastest of
+# several peers in that run, and the runs of a workload merge whichever peer won.
+FIXED = ("stream-floor", "pytorch-eager", "torch-compile", "none", "unplanned")
+
+
+def peer_class(row):
+    base = row.get("baseline")
+    return base if base in FIXED else "fastest peer"
+
+
 def least(values):
     values = [v for v in values if v is not None]
     return min(values) if values else None
@@ -85,7 +96,8 @@ def merge(group):
     """One row from the runs of a (workload, baseline, compiler) group."""
     if len(group) == 1:
         return dict(group[0])
-    row = dict(group[-1])
+    timed = [r for r in group if r.get("baseline_ms") is not None]
+    row = dict(min(timed, key=lambda r: r["baseline_ms"]) if timed else group[-1])
     for key in ("kiln_ms", "kiln_cpu_ms", "baseline_ms", "baseline_cpu_ms"):
         row[key] = least(r.get(key) for r in group)
     def quotient(a, b):
@@ -106,7 +118,7 @@ def main():
     groups = {}
     for p in paths:
         for r in load(p):
-            groups.setdefault((r["workload"], r.get("baseline"), r.get("compiler")), []).append(r)
+            groups.setdefault((r["workload"], peer_class(r), r.get("compiler")), []).append(r)
     rows = [merge(g) for g in groups.values()]
     runs = max(len(g) for g in groups.values()) if groups else 0
     if not rows:
