@@ -1,8 +1,10 @@
 #pragma once
-// What every kiln benchmark shares: median-of-repetitions timing with warm-up, the
-// STREAM-like bandwidth probe that gives the "stream-floor" baseline, and the result list
-// (a printed table plus one JSON object per line, merged into bench/results/latest.json by
-// bench/run_all.sh).
+// What every kiln benchmark shares: median-of-repetitions timing with warm-up (wall time
+// and process CPU time: the machines are shared, and a CPU-time ratio survives load that a
+// wall-time ratio does not), the STREAM-like bandwidth probe that gives the "stream-floor"
+// baseline, a description of the machine (CPU model, ISA level found at run time, kiln's
+// float32 GEMM path), and the result list (a printed table plus one JSON object per line,
+// merged into bench/results/latest.json by bench/run_all.sh).
 //
 // Header-only on purpose: each bench_* is one translation unit plus this file.
 #include <algorithm>
@@ -11,7 +13,11 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <ctime>
+#include <fstream>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -20,7 +26,9 @@
 
 #include "core/thread_pool.h"
 #include "examples/common/flags.h"
+#include "jit/blas.h"
 #include "jit/compiler.h"
+#include "jit/kernel_cache.h"
 
 namespace kiln::bench {
 
@@ -37,7 +45,55 @@ inline double median(std::vector<double> v) {
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
-/// Median milliseconds of `fn` over `reps` timed runs after `warmup` untimed ones.
+/// CPU time of this process (all its threads, spinning included) in milliseconds.
+inline double process_cpu_ms() {
+  timespec t;
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+  return static_cast<double>(t.tv_sec) * 1e3 + static_cast<double>(t.tv_nsec) * 1e-6;
+}
+
+/// Wall and process CPU milliseconds of one measurement (negative: not measured).
+struct Times {
+  double wall_ms = -1;
+  double cpu_ms = -1;
+};
+
+/// Starts at construction; elapsed() gives the wall and CPU time since then.
+class Stopwatch {
+ public:
+  Stopwatch() : wall0_(Clock::now()), cpu0_(process_cpu_ms()) {}
+  Times elapsed() const { return {ms_since(wall0_), process_cpu_ms() - cpu0_}; }
+
+ private:
+  Clock::time_point wall0_;
+  double cpu0_;
+};
+
+/// Wall and CPU samples; medians() gives each one's median (not the pair of one sample).
+struct Samples {
+  std::vector<double> wall, cpu;
+  void add(Times t) {
+    wall.push_back(t.wall_ms);
+    cpu.push_back(t.cpu_ms);
+  }
+  Times medians() const { return {median(wall), median(cpu)}; }
+};
+
+/// Median wall and process CPU milliseconds of `fn` over `reps` timed runs after `warmup`
+/// untimed ones.
+inline Times timed(int warmup, int reps, const std::function<void()>& fn) {
+  for (int i = 0; i < warmup; ++i) fn();
+  Samples s;
+  for (int i = 0; i < reps; ++i) {
+    Stopwatch watch;
+    fn();
+    s.add(watch.elapsed());
+  }
+  return s.medians();
+}
+
+/// Median wall milliseconds of `fn` over `reps` timed runs after `warmup` untimed ones (for
+/// probes whose CPU time nobody reads).
 inline double median_ms(int warmup, int reps, const std::function<void()>& fn) {
   for (int i = 0; i < warmup; ++i) fn();
   std::vector<double> times;
@@ -48,6 +104,94 @@ inline double median_ms(int warmup, int reps, const std::function<void()>& fn) {
     times.push_back(ms_since(start));
   }
   return median(times);
+}
+
+// --- the machine ----------------------------------------------------------------------
+
+/// What a reader needs to compare two runs: the CPU and the GEMM kernels kiln ran on it.
+struct Machine {
+  std::string cpu_model;  ///< /proc/cpuinfo "model name" (lscpu's), e.g. "AMD EPYC"
+  int family = -1;        ///< "cpu family" (x86), -1 when absent
+  int model = -1;         ///< "model" number (x86), -1 when absent
+  std::string isa;        ///< vector ISA level found at run time, e.g. "x86-64-v4 +avx512_bf16"
+  std::string gemm;       ///< kiln's float32 GEMM path, e.g. "oneDNN 2.6.3 avx512_core_bf16"
+};
+
+namespace detail {
+// The x86-64 micro-architecture level (psABI: v2 SSE4.2/POPCNT, v3 AVX2/FMA/BMI2, v4
+// AVX-512 F/BW/CD/DQ/VL) the running CPU supports, plus the extensions GEMM kernels use.
+inline std::string isa_level() {
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+  __builtin_cpu_init();
+  std::string level = "x86-64";
+  if (__builtin_cpu_supports("sse4.2") && __builtin_cpu_supports("popcnt")) level = "x86-64-v2";
+  if (level == "x86-64-v2" && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+      __builtin_cpu_supports("bmi2"))
+    level = "x86-64-v3";
+  if (level == "x86-64-v3" && __builtin_cpu_supports("avx512f") &&
+      __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512cd") &&
+      __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl"))
+    level = "x86-64-v4";
+  if (__builtin_cpu_supports("avx512vnni")) level += " +avx512_vnni";
+  if (__builtin_cpu_supports("avx512bf16")) level += " +avx512_bf16";
+  if (__builtin_cpu_supports("avx512fp16")) level += " +avx512_fp16";
+  if (__builtin_cpu_supports("amx-tile")) level += " +amx";
+  return level;
+#elif defined(__aarch64__)
+  return "aarch64";
+#else
+  return "unknown";
+#endif
+}
+
+// The value after "key<spaces>:" on the first /proc/cpuinfo line that starts with key.
+inline std::string cpuinfo_field(const std::string& text, const char* key) {
+  size_t at = 0;
+  const size_t n = std::strlen(key);
+  while (at < text.size()) {
+    size_t end = text.find('\n', at);
+    if (end == std::string::npos) end = text.size();
+    std::string line = text.substr(at, end - at);
+    at = end + 1;
+    if (line.compare(0, n, key) != 0) continue;
+    size_t colon = line.find(':');
+    if (colon == std::string::npos || line.find_first_not_of(" \t", n) != colon) continue;
+    size_t v = line.find_first_not_of(" \t", colon + 1);
+    return v == std::string::npos ? "" : line.substr(v);
+  }
+  return "";
+}
+}  // namespace detail
+
+/// The machine this process runs on (read once).
+inline const Machine& machine() {
+  static const Machine m = [] {
+    Machine out;
+    std::ifstream in("/proc/cpuinfo");
+    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    out.cpu_model = detail::cpuinfo_field(text, "model name");
+    if (out.cpu_model.empty()) out.cpu_model = "unknown CPU";
+    std::string family = detail::cpuinfo_field(text, "cpu family");
+    std::string model = detail::cpuinfo_field(text, "model");
+    if (!family.empty()) out.family = std::atoi(family.c_str());
+    if (!model.empty()) out.model = std::atoi(model.c_str());
+    out.isa = detail::isa_level();
+    const jit::GemmPath p = jit::gemm_path(DType::Float32);
+    out.gemm = p.library == "none" ? "generated kernels (no GEMM library)"
+                                   : p.library + " " + p.version + " " + p.kernels +
+                                         (p.generic ? " (generic fallback)" : "");
+    return out;
+  }();
+  return m;
+}
+
+/// One line naming the CPU, its ISA level and the float32 GEMM path, for a table header.
+inline std::string machine_line() {
+  const Machine& m = machine();
+  std::string line = "CPU: " + m.cpu_model;
+  if (m.family >= 0)
+    line += " (family " + std::to_string(m.family) + ", model " + std::to_string(m.model) + ")";
+  return line + ", " + m.isa + "; float32 GEMM: " + m.gemm;
 }
 
 /// The flag parser of a benchmark, with the --json flag every one takes; add its own flags,
@@ -176,16 +320,29 @@ inline double stream_floor_ms(const Bandwidth& bw, double read_bytes, double wri
 struct Result {
   std::string workload;
   double kiln_ms = 0;
+  double kiln_cpu_ms = -1;  ///< process CPU ms over the same runs (median); negative: none
   /// stream-floor | openblas | pytorch-eager | torch-compile, or "none" for the rows the
   /// issue gives an absolute target instead (compile, reload, per-op costs).
   std::string baseline;
   double baseline_ms = -1;
-  std::string compiler;  ///< the CPU compiler that built kiln's kernels ("" if irrelevant)
+  double baseline_cpu_ms = -1;  ///< the baseline's process CPU ms; negative: not measured
+  std::string compiler;         ///< the CPU compiler that built kiln's kernels ("" if irrelevant)
   std::string note;
   bool micro = false;       ///< print the table in microseconds (JSON stays ms, adds kiln_us)
   double target = 0;        ///< the issue's target for the ratio, or for kiln_ms
   std::string target_kind;  ///< "ratio<=" (kiln/baseline), "ratio>=" (baseline/kiln), "value<="
   std::vector<std::pair<std::string, double>> extra;  ///< more numeric fields for the JSON
+
+  /// Sets kiln_ms and kiln_cpu_ms from one measurement.
+  void set_kiln(Times t) {
+    kiln_ms = t.wall_ms;
+    kiln_cpu_ms = t.cpu_ms;
+  }
+  /// Sets baseline_ms and baseline_cpu_ms from one measurement.
+  void set_baseline(Times t) {
+    baseline_ms = t.wall_ms;
+    baseline_cpu_ms = t.cpu_ms;
+  }
 };
 
 inline std::string json_escape(const std::string& s) {
@@ -217,10 +374,18 @@ inline double ratio(const Result& r) {
   return (r.baseline_ms > 0 && r.kiln_ms >= 0) ? r.kiln_ms / r.baseline_ms : NAN;
 }
 
-/// "met" / "MISSED" / "" for a result with a target.
-inline std::string verdict(const Result& r) {
+/// kiln_cpu_ms / baseline_cpu_ms, or NAN when either CPU time is missing.
+inline double cpu_ratio(const Result& r) {
+  return (r.baseline_cpu_ms > 0 && r.kiln_cpu_ms >= 0) ? r.kiln_cpu_ms / r.baseline_cpu_ms : NAN;
+}
+
+/// "met" / "MISSED" / "" for a result with a target, judged on wall time (`cpu`: on CPU
+/// time, "n/a" where that is not measured).
+inline std::string verdict(const Result& r, bool cpu = false) {
   if (r.target_kind.empty()) return "";
-  double x = r.target_kind == "value<=" ? r.kiln_ms : ratio(r);
+  double x = r.target_kind == "value<=" ? (cpu ? r.kiln_cpu_ms : r.kiln_ms)
+                                        : (cpu ? cpu_ratio(r) : ratio(r));
+  if (cpu && x < 0) x = NAN;
   if (std::isnan(x)) return "n/a";
   bool ok = r.target_kind == "ratio>=" ? (1.0 / x >= r.target) : (x <= r.target);
   return ok ? "met" : "MISSED";
@@ -233,31 +398,40 @@ class Results {
   explicit Results(std::string json_path) : json_path_(std::move(json_path)) {}
   void add(Result r) { rows_.push_back(std::move(r)); }
 
+  /// Prints the table under `title` and a header line naming the machine (machine_line).
+  /// "ratio" is kiln / baseline in wall time, "cpu ratio" the same in process CPU time.
   void print(const char* title) const {
-    std::printf("\n%s\n", title);
-    std::printf("%-34s %-8s %12s %-14s %12s %8s %-7s %s\n", "workload", "compiler", "kiln",
-                "baseline", "baseline", "ratio", "target", "note");
+    std::printf("\n%s\n%s; load average %s\n", title, machine_line().c_str(),
+                load_average().c_str());
+    std::printf("%-34s %-8s %11s %11s %-16s %11s %11s %7s %7s %-7s %-7s %s\n", "workload",
+                "compiler", "kiln", "kiln cpu", "baseline", "baseline", "base cpu", "ratio",
+                "cpu rt", "target", "cpu tgt", "note");
     for (const Result& r : rows_) {
-      double q = ratio(r);
-      char rq[16] = "-";
-      if (!std::isnan(q)) std::snprintf(rq, sizeof rq, "%.3f", q);
-      char kv[32], bv[32];
-      double scale = r.micro ? 1e3 : 1.0;
+      const double scale = r.micro ? 1e3 : 1.0;
       const char* unit = r.micro ? "us" : "ms";
-      std::snprintf(kv, sizeof kv, "%.4g %s", r.kiln_ms * scale, unit);
-      if (r.baseline_ms >= 0) {
-        std::snprintf(bv, sizeof bv, "%.4g %s", r.baseline_ms * scale, unit);
-      } else {
-        std::snprintf(bv, sizeof bv, "-");
-      }
-      std::printf("%-34s %-8s %12s %-14s %12s %8s %-7s %s\n", r.workload.c_str(),
-                  r.compiler.empty() ? "-" : r.compiler.c_str(), kv, r.baseline.c_str(), bv, rq,
-                  verdict(r).c_str(), r.note.c_str());
+      auto value = [&](double v) {
+        char buf[32] = "-";
+        if (v >= 0) std::snprintf(buf, sizeof buf, "%.4g %s", v * scale, unit);
+        return std::string(buf);
+      };
+      auto quotient = [](double q) {
+        char buf[16] = "-";
+        if (!std::isnan(q)) std::snprintf(buf, sizeof buf, "%.3f", q);
+        return std::string(buf);
+      };
+      std::printf("%-34s %-8s %11s %11s %-16s %11s %11s %7s %7s %-7s %-7s %s\n", r.workload.c_str(),
+                  r.compiler.empty() ? "-" : r.compiler.c_str(), value(r.kiln_ms).c_str(),
+                  value(r.kiln_cpu_ms).c_str(), r.baseline.c_str(), value(r.baseline_ms).c_str(),
+                  value(r.baseline_cpu_ms).c_str(), quotient(ratio(r)).c_str(),
+                  quotient(cpu_ratio(r)).c_str(), verdict(r).c_str(), verdict(r, true).c_str(),
+                  r.note.c_str());
     }
     std::fflush(stdout);
   }
 
-  /// Appends one JSON object per line; run_all.sh joins the lines into a list.
+  /// Appends one JSON object per line; run_all.sh joins the lines into a list. Every row
+  /// names the machine (cpu_model, cpu_family, cpu_model_number, cpu_isa, gemm_path) and
+  /// the load average when it was written.
   void write_json() const {
     if (json_path_.empty()) return;
     FILE* f = std::fopen(json_path_.c_str(), "a");
@@ -265,13 +439,17 @@ class Results {
       std::fprintf(stderr, "bench: cannot append to %s\n", json_path_.c_str());
       return;
     }
+    const Machine& m = machine();
+    const std::string load = load_average();
     for (const Result& r : rows_) {
       std::fprintf(f,
-                   "{\"workload\": \"%s\", \"kiln_ms\": %s, \"baseline\": \"%s\", "
-                   "\"baseline_ms\": %s, \"ratio\": %s",
+                   "{\"workload\": \"%s\", \"kiln_ms\": %s, \"kiln_cpu_ms\": %s, "
+                   "\"baseline\": \"%s\", \"baseline_ms\": %s, \"baseline_cpu_ms\": %s, "
+                   "\"ratio\": %s, \"cpu_ratio\": %s",
                    json_escape(r.workload).c_str(), json_number(r.kiln_ms).c_str(),
-                   json_escape(r.baseline).c_str(), json_number(r.baseline_ms).c_str(),
-                   json_number(ratio(r)).c_str());
+                   json_number(r.kiln_cpu_ms).c_str(), json_escape(r.baseline).c_str(),
+                   json_number(r.baseline_ms).c_str(), json_number(r.baseline_cpu_ms).c_str(),
+                   json_number(ratio(r)).c_str(), json_number(cpu_ratio(r)).c_str());
       if (!r.compiler.empty()) std::fprintf(f, ", \"compiler\": \"%s\"", r.compiler.c_str());
       if (r.micro) std::fprintf(f, ", \"kiln_us\": %s", json_number(r.kiln_ms * 1e3).c_str());
       for (const auto& [key, value] : r.extra) {
@@ -282,19 +460,70 @@ class Results {
         const char* lhs = r.target_kind == "value<="   ? "kiln_ms <="
                           : r.target_kind == "ratio>=" ? "baseline/kiln >="
                                                        : "kiln/baseline <=";
-        std::fprintf(f, ", \"target\": \"%s %.4g\", \"target_met\": %s", lhs, r.target,
-                     verdict(r) == "met" ? "true" : (verdict(r) == "MISSED" ? "false" : "null"));
+        auto met = [](const std::string& v) {
+          return v == "met" ? "true" : (v == "MISSED" ? "false" : "null");
+        };
+        std::fprintf(f, ", \"target\": \"%s %.4g\", \"target_met\": %s, \"target_met_cpu\": %s",
+                     lhs, r.target, met(verdict(r)), met(verdict(r, true)));
       }
       if (!r.note.empty()) std::fprintf(f, ", \"note\": \"%s\"", json_escape(r.note).c_str());
-      std::fprintf(f, "}\n");
+      std::fprintf(f,
+                   ", \"cpu_model\": \"%s\", \"cpu_family\": %s, \"cpu_model_number\": %s, "
+                   "\"cpu_isa\": \"%s\", \"gemm_path\": \"%s\", \"load_average\": \"%s\"}\n",
+                   json_escape(m.cpu_model).c_str(), json_number(m.family).c_str(),
+                   json_number(m.model).c_str(), json_escape(m.isa).c_str(),
+                   json_escape(m.gemm).c_str(), json_escape(load).c_str());
     }
     std::fclose(f);
+  }
+
+  /// The 1-, 5- and 15-minute load averages ("0.52 0.61 0.70"), or "?" off Linux.
+  static std::string load_average() {
+    std::ifstream in("/proc/loadavg");
+    std::string a, b, c;
+    if (!(in >> a >> b >> c)) return "?";
+    return a + " " + b + " " + c;
   }
 
  private:
   std::string json_path_;
   std::vector<Result> rows_;
 };
+
+// --- where the time went (KILN_BENCH_PROFILE=1) ----------------------------------------
+
+/// Each generated kernel's (run ms, launches) so far, by cache key.
+inline std::map<std::string, std::pair<double, uint64_t>> kernel_times() {
+  std::map<std::string, std::pair<double, uint64_t>> out;
+  for (const jit::KernelRecord& r : jit::kernel_records())
+    out[r.key] = {r.run_ms_total, r.launches};
+  return out;
+}
+
+/// Prints the generated kernels that took the most time since `before` (kernel_times()),
+/// with their launch counts and source ops; library calls are not among them.
+inline void print_kernel_profile(const std::map<std::string, std::pair<double, uint64_t>>& before,
+                                 size_t top = 12) {
+  std::vector<std::pair<double, std::string>> rows;
+  double total = 0;
+  uint64_t launches = 0;
+  for (const jit::KernelRecord& r : jit::kernel_records()) {
+    auto it = before.find(r.key);
+    double ms = r.run_ms_total - (it == before.end() ? 0.0 : it->second.first);
+    uint64_t n = r.launches - (it == before.end() ? 0 : it->second.second);
+    if (ms <= 0) continue;
+    total += ms;
+    launches += n;
+    std::string ops;
+    for (const std::string& o : r.source_ops) ops += (ops.empty() ? "" : " ") + o;
+    rows.push_back({ms, std::to_string(n) + " x  " + ops.substr(0, 100)});
+  }
+  std::sort(rows.rbegin(), rows.rend());
+  std::printf("  generated kernels: %.1f ms in %llu launches\n", total,
+              static_cast<unsigned long long>(launches));
+  for (size_t i = 0; i < rows.size() && i < top; ++i)
+    std::printf("  %9.1f ms  %s\n", rows[i].first, rows[i].second.c_str());
+}
 
 /// The CPU compiler kiln uses in this process ("llvm" or "external"; KILN_CPU_COMPILER).
 inline std::string compiler_label() { return jit::cpu_compiler().name(); }

@@ -11,7 +11,6 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <ctime>
 #include <functional>
 #include <map>
 #include <string>
@@ -48,30 +47,6 @@ const Shape3 kShapes[] = {
     {"transformer ffn1", 2048, 1024, 256, false},
     {"transformer ffn2", 2048, 256, 1024, false},
 };
-
-struct Times {
-  double wall_ms = -1, cpu_ms = -1;
-};
-
-double process_cpu_ms() {
-  timespec t;
-  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
-  return t.tv_sec * 1e3 + t.tv_nsec * 1e-6;
-}
-
-// Medians of wall and process CPU time of `reps` runs after `warmup`.
-Times timed(int warmup, int reps, const std::function<void()>& fn) {
-  for (int i = 0; i < warmup; ++i) fn();
-  std::vector<double> wall, cpu;
-  for (int i = 0; i < reps; ++i) {
-    const double c0 = process_cpu_ms();
-    const auto w0 = Clock::now();
-    fn();
-    wall.push_back(ms_since(w0));
-    cpu.push_back(process_cpu_ms() - c0);
-  }
-  return {median(wall), median(cpu)};
-}
 
 int reps_for(const Shape3& s, int reps) {
   return 2.0 * s.m * s.n * s.k > 4e9 ? std::max(3, reps / 2) : reps;
@@ -159,10 +134,9 @@ int main(int argc, char** argv) {
   }
   Results results(flags.str("json"));
   const std::string compiler = compiler_label();
-  const jit::GemmPath path = jit::gemm_path(DType::Float32);
   const jit::GemmPath blas = jit::gemm_path(DType::Float64);  // OpenBLAS's own path
-  std::printf("bench_gemm: %d threads, compiler %s, kiln float32 GEMM: %s %s (%s)\n", threads,
-              compiler.c_str(), path.library.c_str(), path.version.c_str(), path.kernels.c_str());
+  std::printf("bench_gemm: %d threads, compiler %s; %s\n", threads, compiler.c_str(),
+              machine_line().c_str());
 
   std::vector<Times> openblas = openblas_times(threads, reps);
   std::string openblas_label = "openblas(" + blas.kernels + ")";
@@ -224,15 +198,14 @@ int main(int argc, char** argv) {
                   static_cast<long long>(s.m), static_cast<long long>(s.n),
                   static_cast<long long>(s.k), s.ta ? " A^T" : "");
     row.workload = workload;
-    row.kiln_ms = kiln_t.wall_ms;
+    row.set_kiln(kiln_t);
     row.baseline = best->first;
-    row.baseline_ms = best->second.wall_ms;
+    row.set_baseline(best->second);
     row.compiler = compiler;
     const double gflop = 2.0 * s.m * s.n * static_cast<double>(s.k) * 1e-9;
     std::string note =
         std::string(st.library_calls ? "library call" : "generated kernel") + "; kiln " +
-        std::to_string(static_cast<int>(gflop / (kiln_t.wall_ms * 1e-3))) + " GFLOP/s; cpu ratio " +
-        std::to_string(kiln_t.cpu_ms / std::max(best->second.cpu_ms, 1e-9)).substr(0, 5);
+        std::to_string(static_cast<int>(gflop / (kiln_t.wall_ms * 1e-3))) + " GFLOP/s";
     for (const auto& [name, t] : peers) {
       note += "; " + name + " " + std::to_string(static_cast<int>(gflop / (t.wall_ms * 1e-3))) +
               " GFLOP/s";
@@ -241,7 +214,6 @@ int main(int argc, char** argv) {
     }
     if (torch.empty()) note += "; torch: " + torch_note;
     row.note = note;
-    row.extra.push_back({"kiln_cpu_ms", kiln_t.cpu_ms});
     // Target: kiln at least 0.95x the best peer's speed, i.e. kiln_ms / best_ms <= 1/0.95.
     row.target_kind = "ratio<=";
     row.target = 1.0 / 0.95;

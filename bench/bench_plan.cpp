@@ -130,7 +130,7 @@ struct PlanFigures {
 };
 
 struct Measured : PlanFigures {
-  double ms = 0, reserve_ratio = 0;
+  double ms = 0, cpu_ms = -1, reserve_ratio = 0;
   size_t start = 0, peak = 0;
 };
 
@@ -147,17 +147,18 @@ Measured measure(const Model& model, int reps, int seq, int warmup = kSettlingSt
   Measured m;
   m.start = pool().allocated();
   pool().reset_peak_stats();
-  std::vector<double> times;
+  Samples times;
   for (int i = 0; i < reps; ++i) {
-    auto t0 = Clock::now();
+    Stopwatch watch;
     model.step(seq);
-    times.push_back(ms_since(t0));
+    times.add(watch.elapsed());
     m.add(reps);
   }
   memory::PoolStats st = pool().stats();
   if (std::getenv("KILN_BENCH_VERBOSE"))
     std::fprintf(stderr, "%s\n%s\n", pool().report().c_str(), memory::plan_report().c_str());
-  m.ms = median(times);
+  m.ms = times.medians().wall_ms;
+  m.cpu_ms = times.medians().cpu_ms;
   m.peak = st.peak_allocated;
   m.reserve_ratio = st.reserve_ratio();
   return m;
@@ -192,32 +193,34 @@ memory::StepGraph step_tables(const Model& model, int seq) {
 // so the first step after a switch maps and faults in a new one, which a training loop
 // that keeps its budget pays once (it added 9-18% to the timed LSTM steps).
 struct Paired : PlanFigures {
-  double ms = 0, base_ms = 0;
+  double ms = 0, base_ms = 0, cpu_ms = -1, base_cpu_ms = -1;
   size_t peak = 0;
 };
 
 Paired measure_paired(const Model& model, int reps, int seq, size_t budget) {
   memory::set_budget(budget);
   for (int i = 0; i < kSettlingSteps; ++i) model.step(seq);
-  std::vector<double> times, base;
+  Samples times, base;
   Paired m;
   for (int i = 0; i < reps; ++i) {
     memory::clear_budget();
     model.step(seq);
-    auto t0 = Clock::now();
+    Stopwatch base_watch;
     model.step(seq);
-    base.push_back(ms_since(t0));
+    base.add(base_watch.elapsed());
     memory::set_budget(budget);
     model.step(seq);
     pool().reset_peak_stats();
-    t0 = Clock::now();
+    Stopwatch watch;
     model.step(seq);
-    times.push_back(ms_since(t0));
+    times.add(watch.elapsed());
     m.add(reps);
     m.peak = std::max(m.peak, pool().stats().peak_allocated);
   }
-  m.ms = median(times);
-  m.base_ms = median(base);
+  m.ms = times.medians().wall_ms;
+  m.cpu_ms = times.medians().cpu_ms;
+  m.base_ms = base.medians().wall_ms;
+  m.base_cpu_ms = base.medians().cpu_ms;
   return m;
 }
 
@@ -258,6 +261,7 @@ int main(int argc, char** argv) {
       Result r;
       r.workload = std::string("plan_") + spec.name + "_unplanned";
       r.kiln_ms = base.ms;
+      r.kiln_cpu_ms = base.cpu_ms;
       r.baseline = "none";
       r.note = "reserved/alloc " + std::to_string(base.reserve_ratio).substr(0, 5);
       r.extra = {{"peak_bytes", static_cast<double>(base.peak)},
@@ -286,8 +290,8 @@ int main(int argc, char** argv) {
         // otherwise count): a fresh cache, then budgeted steps only.
         const Measured alone = measure(model, 2, spec.seq, 1);
         const size_t peak = std::max(m.peak, alone.peak);
-        r.kiln_ms = m.ms;
-        r.baseline_ms = m.base_ms;
+        r.set_kiln({m.ms, m.cpu_ms});
+        r.set_baseline({m.base_ms, m.base_cpu_ms});
         const memory::WorkFloor floor_at = memory::extra_work_floor(tables, budget);
         const double floor_pct =
             floor_at.base_cost > 0 ? 100.0 * floor_at.extra_cost / floor_at.base_cost : 0;
@@ -334,17 +338,17 @@ int main(int argc, char** argv) {
     model.step(64);
     pool().empty_cache();
     pool().reset_peak_stats();
-    std::vector<double> times;
+    Samples times;
     const int lens[] = {64, 512, 128, 384, 256, 448, 96, 320, 512, 64};
     for (int len : lens) {
-      auto t0 = Clock::now();
+      Stopwatch watch;
       model.step(len);
-      times.push_back(ms_since(t0));
+      times.add(watch.elapsed());
     }
     memory::PoolStats st = pool().stats();
     Result r;
     r.workload = "plan_transformer_varlen";
-    r.kiln_ms = median(times);
+    r.set_kiln(times.medians());
     r.baseline = "none";
     r.note = "seq 64..512; reserved/alloc " + std::to_string(st.reserve_ratio()).substr(0, 5) +
              " (target <= 1.10)";

@@ -2,9 +2,10 @@
 """PyTorch baselines for bench_fused: the same workloads, shapes and thread count.
 
 bench_fused runs this script when `import torch` works and reads one line per workload:
-    RESULT <name> <eager_ms> <compile_ms>
-(median milliseconds after warm-up; compile_ms is -1 when torch.compile fails). Names are
-bench_fused's workload names with every non-alphanumeric run replaced by '_'.
+    RESULT <name> <eager_ms> <eager_cpu_ms> <compile_ms> <compile_cpu_ms>
+(medians after warm-up of wall and process CPU milliseconds; the compile pair is -1 when
+torch.compile fails, and a line "NOTE <name> <reason>" says why). Names are bench_fused's
+workload names with every non-alphanumeric run replaced by '_'.
 Nothing here installs PyTorch.
 """
 import argparse
@@ -14,14 +15,16 @@ import time
 
 
 def median_ms(fn, warmup, reps):
+    """(wall, process CPU) medians in milliseconds."""
     for _ in range(warmup):
         fn()
-    times = []
+    walls, cpus = [], []
     for _ in range(reps):
-        start = time.perf_counter()
+        w0, c0 = time.perf_counter(), time.process_time()
         fn()
-        times.append((time.perf_counter() - start) * 1e3)
-    return statistics.median(times)
+        walls.append((time.perf_counter() - w0) * 1e3)
+        cpus.append((time.process_time() - c0) * 1e3)
+    return statistics.median(walls), statistics.median(cpus)
 
 
 def main():
@@ -65,9 +68,11 @@ def main():
                 compiled_fn = torch.compile(fn)
                 compiled = median_ms(lambda: compiled_fn(*inputs), 3, args.reps)
             except Exception as exc:  # no C++ toolchain for inductor, unsupported version...
-                print(f"bench_torch: torch.compile failed for {name}: {exc}", file=sys.stderr)
-                compiled = -1.0
-            print(f"RESULT {name} {eager:.6f} {compiled:.6f}", flush=True)
+                reason = " ".join(str(exc).split())[:160] or type(exc).__name__
+                print(f"NOTE {name} torch.compile failed: {reason}", flush=True)
+                compiled = (-1.0, -1.0)
+            print(f"RESULT {name} {eager[0]:.6f} {eager[1]:.6f} {compiled[0]:.6f} "
+                  f"{compiled[1]:.6f}", flush=True)
 
 
 if __name__ == "__main__":

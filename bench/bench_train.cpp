@@ -1,12 +1,19 @@
-// Training-step benchmarks against PyTorch eager on the CPU (docs/benchmarks.md): the same
-// models, shapes, optimizers and thread count in bench_train_torch.py. A step is forward,
-// backward, optimizer update and reading the loss back; kiln evaluates it as one graph.
+// Training-step benchmarks against PyTorch eager and torch.compile on the CPU
+// (docs/benchmarks.md), in the same run: the same models, shapes, optimizers and thread
+// count in bench_train_torch.py. A step is forward, backward, optimizer update and reading
+// the loss back; kiln evaluates it as one graph.
 //
-// Rows: train_mlp_..., train_lstm_..., train_transformer_... with kiln_ms (median step),
-// baseline pytorch-eager, and extra fields kiln_peak_bytes (the memory pool's peak of
-// allocated bytes over the timed steps) and torch_peak_bytes (the PyTorch process's peak
-// RSS growth; its CPU allocator keeps no statistics). Target: kiln/baseline <= 0.7.
+// Rows: train_mlp_..., train_lstm_..., train_transformer_..., one with baseline
+// pytorch-eager and one with torch-compile each, with kiln_ms / kiln_cpu_ms (median wall and
+// process CPU time of a step), the baseline's pair, and extra fields kiln_peak_bytes (the
+// memory pool's peak of allocated bytes over the timed steps) and torch_peak_bytes (the
+// PyTorch process's peak RSS growth; its CPU allocator keeps no statistics). Targets (issue
+// 24), kiln / PyTorch eager: MLP <= 0.7, Transformer <= 0.8, LSTM <= 1.5; the torch-compile
+// rows have none. A torch.compile that fails leaves its row without a baseline and says why.
+#include <sys/wait.h>
+
 #include <algorithm>
+#include <cctype>
 #include <cstdio>
 #include <functional>
 #include <map>
@@ -27,13 +34,14 @@ namespace {
 
 struct Workload {
   std::string name;
+  double target;  // kiln / PyTorch eager
   int warmup;
   std::function<std::function<double()>()> make;  // builds model + optimizer, returns a step
 };
 
 std::vector<Workload> workloads() {
   std::vector<Workload> w;
-  w.push_back({"train_mlp_784_1024_1024_10_b128", 3, [] {
+  w.push_back({"train_mlp_784_1024_1024_10_b128", 0.7, 3, [] {
                  auto model = std::make_shared<nn::Sequential>(
                      std::initializer_list<std::shared_ptr<nn::UnaryModule>>{
                          std::make_shared<nn::Linear>(784, 1024), std::make_shared<nn::ReLU>(),
@@ -51,7 +59,7 @@ std::vector<Workload> workloads() {
                    return loss.item<double>();
                  });
                }});
-  w.push_back({"train_lstm_h256_s64_b32", 2, [] {
+  w.push_back({"train_lstm_h256_s64_b32", 1.5, 2, [] {
                  auto model = std::make_shared<CharLSTM>();
                  auto opt = std::make_shared<optim::Adam>(model->parameters(),
                                                           optim::AdamOptions{.lr = 1e-3});
@@ -65,7 +73,7 @@ std::vector<Workload> workloads() {
                    return loss.item<double>();
                  });
                }});
-  w.push_back({"train_transformer_2x256_h4_s128_b16", 2, [] {
+  w.push_back({"train_transformer_2x256_h4_s128_b16", 0.8, 2, [] {
                  auto model = std::make_shared<GPT>(2, 128);
                  auto opt = std::make_shared<optim::AdamW>(
                      model->parameters(), optim::AdamWOptions{.lr = 3e-4, .weight_decay = 0.01});
@@ -82,64 +90,60 @@ std::vector<Workload> workloads() {
   return w;
 }
 
-// (step ms, peak bytes) of one workload from bench_train_torch.py, run in its own process so
-// that each peak RSS starts from a fresh interpreter. Empty note on success.
-std::pair<double, double> run_torch(const std::string& name, int threads, int reps,
-                                    std::string& note) {
+// One PyTorch run of a workload: the step's medians and the peak RSS growth, or a note.
+struct TorchRun {
+  Times step;
+  double peak = -1;
+  std::string note;  // empty on success
+};
+
+// Runs bench_train_torch.py for one workload (eager, or with `compile` under torch.compile)
+// in its own process, so that each peak RSS starts from a fresh interpreter. The compile
+// run is bounded by BENCH_TORCH_TIMEOUT seconds (default 900), compiling included.
+TorchRun run_torch(const std::string& name, int threads, int reps, bool compile) {
+  TorchRun out;
   if (std::system("python3 -c 'import torch' >/dev/null 2>&1") != 0) {
-    note = "PyTorch not installed (scripts/setup_torch.sh): baseline skipped";
-    return {-1, -1};
+    out.note = "PyTorch not installed (scripts/setup_torch.sh): baseline skipped";
+    return out;
   }
-  std::string cmd = "python3 " KILN_BENCH_DIR "/bench_train_torch.py --threads " +
-                    std::to_string(threads) + " --reps " + std::to_string(reps) + " --only " + name;
+  const int limit = env_int("BENCH_TORCH_TIMEOUT", 900);
+  std::string cmd = "timeout " + std::to_string(limit) +
+                    " python3 " KILN_BENCH_DIR "/bench_train_torch.py --threads " +
+                    std::to_string(threads) + " --reps " + std::to_string(reps) + " --only " +
+                    name + (compile ? " --compile" : "") + " 2>&1";
   FILE* p = popen(cmd.c_str(), "r");
   if (!p) {
-    note = "could not run bench_train_torch.py";
-    return {-1, -1};
+    out.note = "could not run bench_train_torch.py";
+    return out;
   }
-  char line[512];
-  std::pair<double, double> out{-1, -1};
+  char line[1024];
+  std::string last;  // the last diagnostic line, for a run that dies without a NOTE
   while (std::fgets(line, sizeof line, p)) {
     char got[128];
-    double ms = -1, peak = -1;
-    if (std::sscanf(line, "RESULT %127s %lf %lf", got, &ms, &peak) == 3 && name == got) {
-      out = {ms, peak};
+    int used = 0;
+    Times t;
+    double peak = -1;
+    if (std::sscanf(line, "RESULT %127s %lf %lf %lf", got, &t.wall_ms, &t.cpu_ms, &peak) == 4 &&
+        name == got) {
+      out.step = t;
+      out.peak = peak;
+    } else if (std::sscanf(line, "NOTE %127s %n", got, &used) == 1 && used > 0) {
+      out.note = line + used;
     } else {
-      std::fputs(line, stdout);
+      last = line;
+      if (!compile) std::fputs(line, stdout);  // inductor's warnings would flood the table
     }
   }
-  pclose(p);
-  if (out.first < 0) note = "bench_train_torch.py gave no result";
-  return out;
-}
-
-// With KILN_BENCH_PROFILE=1: the kernels that took the most time since `before`.
-void print_profile(const std::map<std::string, std::pair<double, uint64_t>>& before) {
-  std::vector<std::pair<double, std::string>> rows;
-  double total = 0;
-  uint64_t launches = 0;
-  for (const jit::KernelRecord& r : jit::kernel_records()) {
-    auto it = before.find(r.key);
-    double ms = r.run_ms_total - (it == before.end() ? 0.0 : it->second.first);
-    uint64_t n = r.launches - (it == before.end() ? 0 : it->second.second);
-    if (ms <= 0) continue;
-    total += ms;
-    launches += n;
-    std::string ops;
-    for (const std::string& o : r.source_ops) ops += (ops.empty() ? "" : " ") + o;
-    rows.push_back({ms, std::to_string(n) + " x  " + ops.substr(0, 100)});
+  const int rc = pclose(p);
+  while (!out.note.empty() && std::isspace(static_cast<unsigned char>(out.note.back())))
+    out.note.pop_back();
+  if (out.step.wall_ms < 0 && out.note.empty()) {
+    while (!last.empty() && std::isspace(static_cast<unsigned char>(last.back()))) last.pop_back();
+    out.note =
+        WIFEXITED(rc) && WEXITSTATUS(rc) == 124
+            ? "bench_train_torch.py ran past BENCH_TORCH_TIMEOUT=" + std::to_string(limit) + " s"
+            : "bench_train_torch.py gave no result: " + last.substr(0, 160);
   }
-  std::sort(rows.rbegin(), rows.rend());
-  std::printf("  generated kernels: %.1f ms in %llu launches\n", total,
-              static_cast<unsigned long long>(launches));
-  for (size_t i = 0; i < rows.size() && i < 12; ++i)
-    std::printf("  %9.1f ms  %s\n", rows[i].first, rows[i].second.c_str());
-}
-
-std::map<std::string, std::pair<double, uint64_t>> run_times() {
-  std::map<std::string, std::pair<double, uint64_t>> out;
-  for (const jit::KernelRecord& r : jit::kernel_records())
-    out[r.key] = {r.run_ms_total, r.launches};
   return out;
 }
 
@@ -147,9 +151,13 @@ std::map<std::string, std::pair<double, uint64_t>> run_times() {
 
 int main(int argc, char** argv) {
   example::Flags flags = bench_flags(
-      "bench_train", "Training steps of small models against PyTorch eager on the same shapes.");
+      "bench_train",
+      "Training steps of small models against PyTorch eager and torch.compile on the same "
+      "shapes.");
   flags.add("only", "", "run only the workloads whose name contains this text");
-  flags.note("environment: BENCH_REPS (timed steps, default 10)");
+  flags.note(
+      "environment: BENCH_REPS (timed steps, default 10), BENCH_TORCH_TIMEOUT (seconds per "
+      "PyTorch run, default 900)");
   if (std::optional<int> code = parse_or_exit(flags, argc, argv)) return *code;
   Results results(flags.str("json"));
   const int reps = env_int("BENCH_REPS", 10);
@@ -163,28 +171,32 @@ int main(int argc, char** argv) {
     double loss = 0;
     for (int i = 0; i < w.warmup; ++i) loss = step();
     memory::host_pool().reset_peak_stats();
-    auto before = run_times();
-    double ms = median_ms(0, reps, [&] { loss = step(); });
-    if (env_int("KILN_BENCH_PROFILE", 0)) print_profile(before);
+    auto before = kernel_times();
+    const Times kiln_t = timed(0, reps, [&] { loss = step(); });
+    if (env_int("KILN_BENCH_PROFILE", 0)) print_kernel_profile(before);
     double peak = static_cast<double>(memory::host_pool().stats().peak_allocated);
-    std::string note;
-    auto [torch_ms, torch_peak] = run_torch(w.name, threads, reps, note);
-    Result r;
-    r.workload = w.name;
-    r.kiln_ms = ms;
-    r.baseline = "pytorch-eager";
-    r.baseline_ms = torch_ms;
-    r.compiler = compiler_label();
-    r.target = 0.7;
-    r.target_kind = "ratio<=";
-    r.extra = {{"kiln_peak_bytes", peak}, {"torch_peak_bytes", torch_peak}, {"final_loss", loss}};
-    char buf[160];
-    std::snprintf(buf, sizeof buf, "peak kiln %.0f MB / torch %.0f MB (RSS growth)%s%s", peak / 1e6,
-                  torch_peak / 1e6, note.empty() ? "" : "; ", note.c_str());
-    r.note = buf;
-    results.add(std::move(r));
+    for (bool compile : {false, true}) {
+      const TorchRun torch = run_torch(w.name, threads, reps, compile);
+      Result r;
+      r.workload = w.name;
+      r.set_kiln(kiln_t);
+      r.baseline = compile ? "torch-compile" : "pytorch-eager";
+      r.set_baseline(torch.step);
+      r.compiler = compiler_label();
+      if (!compile) {
+        r.target = w.target;
+        r.target_kind = "ratio<=";
+      }
+      r.extra = {{"kiln_peak_bytes", peak}, {"torch_peak_bytes", torch.peak}, {"final_loss", loss}};
+      char buf[160];
+      std::snprintf(buf, sizeof buf, "peak kiln %.0f MB / torch %.0f MB (RSS growth)", peak / 1e6,
+                    torch.peak / 1e6);
+      r.note = buf;
+      if (!torch.note.empty()) r.note += "; " + torch.note;
+      results.add(std::move(r));
+    }
   }
-  results.print("training steps (kiln vs PyTorch eager, CPU)");
+  results.print("training steps (kiln vs PyTorch eager and torch.compile, CPU)");
   results.write_json();
   return 0;
 }

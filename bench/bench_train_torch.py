@@ -1,15 +1,21 @@
 #!/usr/bin/env python3
-"""PyTorch eager baselines for bench_train: the same models, shapes, optimizers and threads.
+"""PyTorch baselines for bench_train: the same models, shapes, optimizers and threads, run
+eagerly or (--compile) with the model under torch.compile (inductor's C++ kernels; the
+optimizer step stays eager, as in the usual `model = torch.compile(model)`).
 
 bench_train runs this script when `import torch` works and reads one line per workload:
-    RESULT <name> <step_ms> <peak_bytes>
-step_ms is the median of timed training steps (forward, backward, optimizer step, loss read
-back) after warm-up. peak_bytes is the growth of the process's peak resident set size
+    RESULT <name> <step_ms> <step_cpu_ms> <peak_bytes>
+or, when the step fails (torch.compile without a working C++ toolchain, say):
+    NOTE <name> <reason>
+step_ms / step_cpu_ms are the medians of wall and process CPU time of timed training steps
+(forward, backward, optimizer step, loss read back) after warm-up; with --compile the
+warm-up includes compiling. peak_bytes is the growth of the process's peak resident set size
 (ru_maxrss) over the run, which covers parameters, optimizer state, activations and
 allocator caching: PyTorch's CPU allocator keeps no statistics of its own. Nothing here
 installs PyTorch.
 """
 import argparse
+import os
 import resource
 import statistics
 import sys
@@ -21,14 +27,16 @@ def peak_rss_bytes():
 
 
 def median_step_ms(step, warmup, reps):
+    """(wall, process CPU) medians in milliseconds."""
     for _ in range(warmup):
         step()
-    times = []
+    walls, cpus = [], []
     for _ in range(reps):
-        start = time.perf_counter()
+        w0, c0 = time.perf_counter(), time.process_time()
         step()
-        times.append((time.perf_counter() - start) * 1e3)
-    return statistics.median(times)
+        walls.append((time.perf_counter() - w0) * 1e3)
+        cpus.append((time.process_time() - c0) * 1e3)
+    return statistics.median(walls), statistics.median(cpus)
 
 
 def main():
@@ -36,8 +44,12 @@ def main():
     parser.add_argument("--threads", type=int, required=True)
     parser.add_argument("--reps", type=int, default=10)
     parser.add_argument("--only", default="")
+    parser.add_argument("--compile", action="store_true",
+                        help="run the model under torch.compile instead of eagerly")
     args = parser.parse_args()
 
+    # Inductor's compile workers would compete with the benchmark on a small shared machine.
+    os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
     import torch
     import torch.nn as nn
     import torch.nn.functional as F
@@ -45,10 +57,14 @@ def main():
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
 
+    def maybe_compile(model):
+        return torch.compile(model) if args.compile else model
+
     def mlp():
         model = nn.Sequential(nn.Linear(784, 1024), nn.ReLU(), nn.Linear(1024, 1024), nn.ReLU(),
                               nn.Linear(1024, 10))
         opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+        model = maybe_compile(model)
         x = torch.randn(128, 784)
         y = torch.randint(0, 10, (128,))
 
@@ -88,7 +104,8 @@ def main():
 
     def lstm():
         model = CharLSTM()
-        return lm_step(model, torch.optim.Adam(model.parameters(), lr=1e-3), 128, 32, 64)
+        opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+        return lm_step(maybe_compile(model), opt, 128, 32, 64)
 
     class TinyGPT(nn.Module):
         def __init__(self, vocab=128, d=256, heads=4, layers=2, seq=128):
@@ -109,7 +126,7 @@ def main():
     def transformer():
         model = TinyGPT()
         opt = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.01)
-        return lm_step(model, opt, 128, 16, 128)
+        return lm_step(maybe_compile(model), opt, 128, 16, 128)
 
     workloads = [("train_mlp_784_1024_1024_10_b128", mlp, 3),
                  ("train_lstm_h256_s64_b32", lstm, 2),
@@ -118,9 +135,15 @@ def main():
         if args.only and args.only not in name:
             continue
         before = peak_rss_bytes()
-        step = make()
-        ms = median_step_ms(step, warmup, args.reps)
-        print(f"RESULT {name} {ms:.3f} {peak_rss_bytes() - before}", flush=True)
+        try:
+            step = make()
+            ms, cpu = median_step_ms(step, warmup, args.reps)
+        except Exception as exc:  # inductor without a C++ toolchain, an unsupported op...
+            reason = " ".join(str(exc).split())[:160] or type(exc).__name__
+            what = "torch.compile" if args.compile else "eager step"
+            print(f"NOTE {name} {what} failed: {type(exc).__name__}: {reason}", flush=True)
+            continue
+        print(f"RESULT {name} {ms:.3f} {cpu:.3f} {peak_rss_bytes() - before}", flush=True)
     return 0
 
 

@@ -3,8 +3,10 @@
 # of {"workload", "kiln_ms", "baseline", "baseline_ms", ...} objects (docs/benchmarks.md).
 #
 # bench_fused and bench_compile run once per CPU compiler (the compiler is chosen once per
-# process); bench_gemm, bench_train and bench_cuda once (bench_cuda adds no rows without a
-# CUDA device; scripts/gpu-check.sh runs it on the GPU machine). Other bench_* executables
+# process); bench_gemm, bench_conv, bench_train, bench_plan and bench_cuda once (bench_cuda
+# adds no rows without a CUDA device; scripts/gpu-check.sh runs it on the GPU machine).
+# Every row carries wall and process CPU times, the CPU model, its ISA level, kiln's float32
+# GEMM path and the load average when it was measured. Other bench_* executables
 # (bench_pool) print their own tables and add nothing to the JSON. PyTorch baselines are
 # used when importable, preferring the one scripts/setup_torch.sh installs into .venv-torch
 # (`make bench` runs that first).
@@ -48,13 +50,14 @@ for c in "${compilers[@]}"; do
   [[ -x $bench_dir/bench_compile ]] && run env KILN_CPU_COMPILER="$c" "$bench_dir/bench_compile" --json "$lines"
 done
 [[ -x $bench_dir/bench_gemm ]] && run "$bench_dir/bench_gemm" --json "$lines"
+[[ -x $bench_dir/bench_conv ]] && run "$bench_dir/bench_conv" --json "$lines"
 [[ -x $bench_dir/bench_train ]] && run "$bench_dir/bench_train" --json "$lines"
 [[ -x $bench_dir/bench_plan ]] && run "$bench_dir/bench_plan" --json "$lines"
 [[ -x $bench_dir/bench_cuda ]] && run "$bench_dir/bench_cuda" --json "$lines"
 
 for exe in "$bench_dir"/bench_*; do
   case $(basename "$exe") in
-    bench_fused | bench_compile | bench_gemm | bench_train | bench_plan | bench_cuda) continue ;;
+    bench_fused | bench_compile | bench_gemm | bench_conv | bench_train | bench_plan | bench_cuda) continue ;;
   esac
   [[ -f $exe && -x $exe ]] && run "$exe"
 done
