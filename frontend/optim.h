@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "../core/tensor.h"
+#include "../ops/autocast.h"
 #include "state_dict.h"
 
 namespace kiln::optim {
@@ -111,6 +112,7 @@ class OptimizerWithOptions : public Optimizer {
   template <typename Update>
   void for_each_update(Update&& update) {
     NoGradGuard no_grad;
+    amp::autocast_off no_autocast;  // updates run in the parameters' own dtypes
     for (size_t g = 0; g < num_param_groups(); ++g) {
       const Options& o = options(g);
       validate(o);

@@ -10,6 +10,7 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "autocast.h"
 #include "elementwise.h"
 #include "shape_ops.h"
 #include "sources.h"
@@ -265,6 +266,7 @@ Tensor seed_for(const char* what, const Tensor& output, const Tensor& grad_outpu
 std::vector<Tensor> grad(const Tensor& output, const std::vector<Tensor>& inputs,
                          const Tensor& grad_output, bool allow_unused, bool create_graph) {
   Tensor seed = seed_for("grad", output, grad_output);
+  amp::autocast_off no_autocast;  // backward ops take their forward ops' dtypes
   // Without create_graph the gradients are plain values: they keep no history, so holding
   // them never keeps a forward graph alive.
   bool previous = set_grad_mode(create_graph && grad_mode_enabled());
@@ -304,6 +306,7 @@ std::vector<Tensor> grad(const Tensor& output, const std::vector<Tensor>& inputs
 
 void Tensor::backward(const Tensor& gradient) const {
   Tensor seed = seed_for("backward", *this, gradient);
+  amp::autocast_off no_autocast;  // backward ops take their forward ops' dtypes
   Node* out = node().get();
   NoGradGuard no_grad;  // gradients of backward() are values, never differentiated again
   // Every leaf a handle names is wanted; a temporary marked requires_grad_ has no reader.

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <limits>
 
+#include "autocast.h"
 #include "autograd.h"
 #include "reindex.h"
 #include "sources.h"
@@ -247,21 +248,24 @@ Tensor cast(const Tensor& x, DType dtype) {
 
 #define KILN_UNARY(fn, code) \
   Tensor fn(const Tensor& x) { return elementwise(OpCode::code, {x}); }
+// On autocast's float32 list: half inputs are widened inside an autocast scope.
+#define KILN_UNARY_FP32(fn, code) \
+  Tensor fn(const Tensor& x) { return elementwise(OpCode::code, {amp::full_precision(x)}); }
 KILN_UNARY(neg, Neg)
 KILN_UNARY(abs, Abs)
 KILN_UNARY(sign, Sign)
-KILN_UNARY(exp, Exp)
-KILN_UNARY(exp2, Exp2)
-KILN_UNARY(log, Log)
-KILN_UNARY(log2, Log2)
-KILN_UNARY(log1p, Log1p)
-KILN_UNARY(expm1, Expm1)
+KILN_UNARY_FP32(exp, Exp)
+KILN_UNARY_FP32(exp2, Exp2)
+KILN_UNARY_FP32(log, Log)
+KILN_UNARY_FP32(log2, Log2)
+KILN_UNARY_FP32(log1p, Log1p)
+KILN_UNARY_FP32(expm1, Expm1)
 KILN_UNARY(sqrt, Sqrt)
-KILN_UNARY(rsqrt, Rsqrt)
-KILN_UNARY(reciprocal, Reciprocal)
+KILN_UNARY_FP32(rsqrt, Rsqrt)
+KILN_UNARY_FP32(reciprocal, Reciprocal)
 KILN_UNARY(sin, Sin)
 KILN_UNARY(cos, Cos)
-KILN_UNARY(tan, Tan)
+KILN_UNARY_FP32(tan, Tan)
 KILN_UNARY(tanh, Tanh)
 KILN_UNARY(sigmoid, Sigmoid)
 KILN_UNARY(erf, Erf)
@@ -271,12 +275,17 @@ KILN_UNARY(round, Round)
 KILN_UNARY(trunc, Trunc)
 KILN_UNARY(logical_not, LogicalNot)
 #undef KILN_UNARY
+#undef KILN_UNARY_FP32
 
 Tensor bitwise_not(const Tensor& x) {
   // On bool, ~ is logical: the integer complement of true (-2) would read back as true.
   if (x.defined() && x.dtype() == DType::Bool)
     return elementwise(OpCode::LogicalNot, {x}, "bitwise_not");
   return elementwise(OpCode::BitwiseNot, {x});
+}
+
+Tensor pow(const Tensor& a, const Tensor& b) {
+  return elementwise(OpCode::Pow, {amp::full_precision(a), amp::full_precision(b)});
 }
 
 #define KILN_BINARY(fn, code) \
@@ -287,7 +296,6 @@ KILN_BINARY(mul, Mul)
 KILN_BINARY(div, Div)
 KILN_BINARY(floor_div, FloorDiv)
 KILN_BINARY(mod, Mod)
-KILN_BINARY(pow, Pow)
 KILN_BINARY(maximum, Maximum)
 KILN_BINARY(minimum, Minimum)
 KILN_BINARY(eq, Eq)

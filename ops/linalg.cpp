@@ -2,6 +2,7 @@
 // [..batch, m, k, n]; a 1-D operand contributes a size-1 m (or n) that the reduce drops.
 #include "linalg.h"
 
+#include "autocast.h"
 #include "elementwise.h"
 #include "reindex.h"
 #include "transfer.h"
@@ -60,8 +61,11 @@ bool is_half(DType d) { return d == DType::Float16 || d == DType::BFloat16; }
 
 // `b_transposed`: b is stored [..., n, k] (a linear layer's weight) and read transposed, so
 // neither the product nor its gradients materialize a transpose.
-Tensor matmul_impl(const Tensor& a, const Tensor& b, const char* op, bool b_transposed = false) {
-  check_operands(a, b, op, false);
+Tensor matmul_impl(const Tensor& a_in, const Tensor& b_in, const char* op,
+                   bool b_transposed = false) {
+  check_operands(a_in, b_in, op, false);
+  // Products are on autocast's lower-precision list.
+  const Tensor a = amp::lower_precision(a_in), b = amp::lower_precision(b_in);
   const Shape& sa = a.shape();
   const Shape& sb = b.shape();
   if (sa.empty() || sb.empty()) {
@@ -135,9 +139,12 @@ Tensor matmul_impl(const Tensor& a, const Tensor& b, const char* op, bool b_tran
 
 Tensor matmul(const Tensor& a, const Tensor& b) { return matmul_impl(a, b, "matmul"); }
 
-Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+Tensor linear(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in) {
   const char* op = "linear";
-  check_operands(x, weight, op, false);
+  check_operands(x_in, weight_in, op, false);
+  // On autocast's lower-precision list as a whole: the bias too, so the result stays half.
+  const Tensor x = amp::lower_precision(x_in), weight = amp::lower_precision(weight_in),
+               bias = amp::lower_precision(bias_in);
   if (x.ndim() == 0 || weight.ndim() == 0 || weight.ndim() > 2) {
     throw ShapeError(
         "[linear] expected an input with at least one dimension and a weight of shape "

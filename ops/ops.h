@@ -1,5 +1,6 @@
 #pragma once
 // Every op a user can build: meta-ops and the compositions on top of them.
+#include "autocast.h"
 #include "autograd.h"
 #include "elementwise.h"
 #include "linalg.h"

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <string_view>
 
+#include "autocast.h"
 #include "autograd.h"
 #include "elementwise.h"
 #include "reindex.h"
@@ -221,8 +222,9 @@ Tensor arg_extreme_all(const Tensor& x, ReduceOp op, const char* origin) {
   return arg_extreme(flatten_all(x, origin), 0, false, op, origin);
 }
 
-Tensor softmax_impl(const Tensor& x, int64_t axis, bool log_space, const char* origin) {
-  require_floating(x, origin);
+Tensor softmax_impl(const Tensor& x_in, int64_t axis, bool log_space, const char* origin) {
+  require_floating(x_in, origin);
+  const Tensor x = amp::full_precision(x_in);  // on autocast's float32 list
   int d = normalize_axis(origin, axis, x.shape());
   std::vector<bool> mask(x.shape().size(), false);
   if (x.ndim() > 0) mask[d] = true;
@@ -247,16 +249,18 @@ Tensor softmax_impl(const Tensor& x, int64_t axis, bool log_space, const char* o
 
 }  // namespace
 
+// Sums, products, means, variances and logsumexp are on autocast's float32 list.
 Tensor sum(const Tensor& x, const std::vector<int64_t>& axes, bool keepdim) {
-  return sum_like(x, ReduceOp::Sum, axes, keepdim, "sum");
+  return sum_like(amp::full_precision(x), ReduceOp::Sum, axes, keepdim, "sum");
 }
 
 Tensor prod(const Tensor& x, const std::vector<int64_t>& axes, bool keepdim) {
-  return sum_like(x, ReduceOp::Prod, axes, keepdim, "prod");
+  return sum_like(amp::full_precision(x), ReduceOp::Prod, axes, keepdim, "prod");
 }
 
-Tensor mean(const Tensor& x, const std::vector<int64_t>& axes, bool keepdim) {
-  require_floating(x, "mean");
+Tensor mean(const Tensor& x_in, const std::vector<int64_t>& axes, bool keepdim) {
+  require_floating(x_in, "mean");
+  const Tensor x = amp::full_precision(x_in);
   std::vector<bool> mask = reduced_mask(x, axes, "mean");
   return cast(mean_masked(compute_type(x), mask, keepdim, "mean"), x.dtype());
 }
@@ -279,8 +283,9 @@ Tensor any(const Tensor& x, const std::vector<int64_t>& axes, bool keepdim) {
   return reduce_masked(cast(x, DType::Bool), ReduceOp::Or, mask, keepdim, "any");
 }
 
-Tensor logsumexp(const Tensor& x, const std::vector<int64_t>& axes, bool keepdim) {
+Tensor logsumexp(const Tensor& x_in, const std::vector<int64_t>& axes, bool keepdim) {
   const char* op = "logsumexp";
+  const Tensor x = amp::full_precision(x_in);
   std::vector<bool> mask = reduced_mask(x, axes, op);
   DType out_dtype = is_floating(x.dtype()) ? x.dtype() : DType::Float32;
   Tensor xc = is_floating(x.dtype()) ? compute_type(x) : cast(x, DType::Float32);
@@ -295,12 +300,14 @@ Tensor logsumexp(const Tensor& x, const std::vector<int64_t>& axes, bool keepdim
   return cast(lse, out_dtype);
 }
 
-Tensor var(const Tensor& x, const std::vector<int64_t>& axes, bool keepdim, int64_t correction) {
+Tensor var(const Tensor& x_in, const std::vector<int64_t>& axes, bool keepdim, int64_t correction) {
+  const Tensor x = amp::full_precision(x_in);
   Tensor v = var_impl(x, axes, keepdim, correction, "var");
   return cast(v, x.dtype());
 }
 
-Tensor std(const Tensor& x, const std::vector<int64_t>& axes, bool keepdim, int64_t correction) {
+Tensor std(const Tensor& x_in, const std::vector<int64_t>& axes, bool keepdim, int64_t correction) {
+  const Tensor x = amp::full_precision(x_in);
   Tensor v = var_impl(x, axes, keepdim, correction, "std");
   return cast(unary(OpCode::Sqrt, v, "std"), x.dtype());
 }

@@ -3,6 +3,7 @@
 #include <string>
 
 #include "../../core/tensor.h"
+#include "../../ops/autocast.h"
 #include "../../ops/elementwise.h"
 
 namespace kiln::nn::detail {
@@ -39,9 +40,15 @@ inline void require_same_dtype(const Tensor& x, const Tensor& other, const std::
   }
 }
 
-/// A layer's input must be a defined floating tensor of its parameters' dtype.
+/// A layer's input must be a defined floating tensor of its parameters' dtype; inside an
+/// autocast scope, a float32 or half input of float32 or half parameters (the layer's ops
+/// bring both to the dtype their autocast list gives).
 inline void require_layer_input(const Tensor& x, const std::string& layer, DType param_dtype) {
   require_defined(x, layer, "input");
+  auto mixed = [](DType t) {
+    return t == DType::Float32 || t == DType::Float16 || t == DType::BFloat16;
+  };
+  if (amp::autocast_state(x.device()).enabled && mixed(x.dtype()) && mixed(param_dtype)) return;
   if (x.dtype() != param_dtype) {
     throw DTypeError("[" + layer + "] expected input of dtype " +
                      std::string(dtype_name(param_dtype)) + " (the parameters' dtype), got " +

@@ -1,5 +1,6 @@
 #include "loss.h"
 
+#include "../../ops/autocast.h"
 #include "../../ops/elementwise.h"
 #include "../../ops/reduce_ops.h"
 #include "../../ops/reindex.h"
@@ -112,8 +113,11 @@ void check_same_shape(const Tensor& input, const Tensor& target, const char* op)
 
 }  // namespace
 
-Tensor cross_entropy(const Tensor& input, const Tensor& target, const CrossEntropyOptions& o) {
+// Losses are on autocast's float32 list: half inputs (and targets) are widened in a scope.
+Tensor cross_entropy(const Tensor& input_in, const Tensor& target_in,
+                     const CrossEntropyOptions& o) {
   const char* op = "cross_entropy";
+  const Tensor input = amp::full_precision(input_in), target = amp::full_precision(target_in);
   CompositeScope scope(op);  // the inner gather's index errors name cross_entropy
   check_input(input, op);
   detail::require_defined(target, op, "target");
@@ -143,8 +147,9 @@ Tensor cross_entropy(const Tensor& input, const Tensor& target, const CrossEntro
   return indexed_loss(logp, target, o, op);
 }
 
-Tensor nll_loss(const Tensor& input, const Tensor& target, const CrossEntropyOptions& o) {
+Tensor nll_loss(const Tensor& input_in, const Tensor& target, const CrossEntropyOptions& o) {
   const char* op = "nll_loss";
+  const Tensor input = amp::full_precision(input_in);
   CompositeScope scope(op);  // the inner gather's index errors name nll_loss
   check_input(input, op);
   detail::require_defined(target, op, "target");
@@ -159,18 +164,22 @@ Tensor nll_loss(const Tensor& input, const Tensor& target, const CrossEntropyOpt
   return indexed_loss(input, target, o, op);
 }
 
-Tensor mse_loss(const Tensor& input, const Tensor& target, Reduction reduction) {
+Tensor mse_loss(const Tensor& input_in, const Tensor& target_in, Reduction reduction) {
+  const Tensor input = amp::full_precision(input_in), target = amp::full_precision(target_in);
   check_same_shape(input, target, "mse_loss");
   Tensor d = input - target;
   return reduce(d * d, reduction);
 }
 
-Tensor l1_loss(const Tensor& input, const Tensor& target, Reduction reduction) {
+Tensor l1_loss(const Tensor& input_in, const Tensor& target_in, Reduction reduction) {
+  const Tensor input = amp::full_precision(input_in), target = amp::full_precision(target_in);
   check_same_shape(input, target, "l1_loss");
   return reduce(abs(input - target), reduction);
 }
 
-Tensor smooth_l1_loss(const Tensor& input, const Tensor& target, Reduction reduction, double beta) {
+Tensor smooth_l1_loss(const Tensor& input_in, const Tensor& target_in, Reduction reduction,
+                      double beta) {
+  const Tensor input = amp::full_precision(input_in), target = amp::full_precision(target_in);
   check_same_shape(input, target, "smooth_l1_loss");
   if (!(beta >= 0.0))
     throw ValueError("[smooth_l1_loss] beta must be >= 0, got " + detail::num(beta));
@@ -179,9 +188,10 @@ Tensor smooth_l1_loss(const Tensor& input, const Tensor& target, Reduction reduc
   return reduce(where(d < beta, d * d * (0.5 / beta), d - 0.5 * beta), reduction);
 }
 
-Tensor binary_cross_entropy_with_logits(const Tensor& input, const Tensor& target,
+Tensor binary_cross_entropy_with_logits(const Tensor& input_in, const Tensor& target_in,
                                         const BCEWithLogitsOptions& o) {
   const char* op = "binary_cross_entropy_with_logits";
+  const Tensor input = amp::full_precision(input_in), target = amp::full_precision(target_in);
   check_same_shape(input, target, op);
   // log(1 + e^-|x|) + max(-x, 0) is log(1 + e^-x) without overflow for either sign of x.
   // maximum, not relu: at x = 0 its tie splits the gradient (-1/2) where relu's gives 0, and

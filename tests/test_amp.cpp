@@ -1,0 +1,163 @@
+// Autocast (ops/autocast.h): which ops run in half precision and which in float32 inside a
+// scope, how scopes nest and stay per thread, and that training through the casts matches
+// float32 training within bfloat16's precision and the reference evaluator on the same graph.
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <thread>
+#include <vector>
+
+#include "frontend/kiln.h"
+#include "jit/blas.h"
+#include "jit/executor.h"
+#include "op_harness.h"
+
+using namespace kiln;
+
+namespace {
+
+Tensor ready(Tensor t) {
+  t.eval();
+  return t;
+}
+
+}  // namespace
+
+TEST_CASE("autocast runs products in bfloat16 and exp, softmax, norms, sums and losses in float32",
+          "[amp][dtype]") {
+  manual_seed(1);
+  Tensor x = ready(randn({4, 8})), w = ready(randn({6, 8})), b = ready(randn({6}));
+  Tensor img = ready(randn({1, 2, 5, 5})), k = ready(randn({3, 2, 3, 3}));
+  Tensor xd = ready(randn({4, 8}, DType::Float64));
+  amp::autocast scope;  // CPU: bfloat16
+  CHECK(amp::autocast_state().enabled);
+  CHECK(amp::autocast_state().dtype == DType::BFloat16);
+  Tensor y = linear(x, w, b);
+  CHECK(y.dtype() == DType::BFloat16);
+  CHECK(matmul(x, transpose(w, 0, 1)).dtype() == DType::BFloat16);
+  CHECK(nn::functional::conv2d(img, k).dtype() == DType::BFloat16);
+  CHECK(matmul(xd, transpose(xd, 0, 1)).dtype() == DType::Float64);  // float64 is never cast
+  CHECK(relu(y).dtype() == DType::BFloat16);                         // not on a list
+  CHECK(softmax(y, 1).dtype() == DType::Float32);
+  CHECK(log_softmax(y, 1).dtype() == DType::Float32);
+  CHECK(exp(y).dtype() == DType::Float32);
+  CHECK(log(abs(y) + 1).dtype() == DType::Float32);
+  CHECK(sum(y).dtype() == DType::Float32);
+  CHECK(mean(y, {1}).dtype() == DType::Float32);
+  CHECK(nn::functional::layer_norm(y, Shape{6}).dtype() == DType::Float32);
+  // A loss of a half prediction against a float32 target: both in float32.
+  Tensor target = ready(randn({4, 6}));
+  CHECK(nn::mse_loss(y, target).dtype() == DType::Float32);
+  Tensor labels = ready(randint(0, 6, {4}));
+  CHECK(nn::cross_entropy(y, labels).dtype() == DType::Float32);
+  // The values are the float32 ones within bfloat16's precision.
+  std::vector<double> got = y.to_vector<double>();
+  amp::autocast off(Device::cpu(), {}, false);
+  std::vector<double> want = linear(x, w, b).to_vector<double>();
+  REQUIRE(got.size() == want.size());
+  for (size_t i = 0; i < got.size(); ++i) {
+    INFO("element " << i << ": " << got[i] << " vs " << want[i]);
+    CHECK(std::abs(got[i] - want[i]) <= 2e-2 * (1 + std::abs(want[i])));
+  }
+}
+
+TEST_CASE("autocast scopes nest, turn off inside, restore and stay on their thread", "[amp]") {
+  CHECK_FALSE(amp::autocast_state().enabled);
+  {
+    amp::autocast outer(Device::cpu(), DType::Float16);
+    CHECK(amp::autocast_state().dtype == DType::Float16);
+    {
+      amp::autocast off(Device::cpu(), {}, false);
+      CHECK_FALSE(amp::autocast_state().enabled);
+      Tensor a = ones({2, 2});
+      CHECK(matmul(a, a).dtype() == DType::Float32);
+      {
+        amp::autocast inner;  // on again, keeping the outer scope's dtype
+        CHECK(amp::autocast_state().enabled);
+        CHECK(amp::autocast_state().dtype == DType::Float16);
+      }
+      CHECK_FALSE(amp::autocast_state().enabled);
+    }
+    CHECK(amp::autocast_state().enabled);
+    CHECK_FALSE(amp::autocast_state(Device::cuda(0)).enabled);  // per device kind
+    bool other_thread_enabled = true;
+    std::thread t([&] { other_thread_enabled = amp::autocast_state().enabled; });
+    t.join();
+    CHECK_FALSE(other_thread_enabled);
+  }
+  CHECK_FALSE(amp::autocast_state().enabled);
+  CHECK(amp::autocast_state(Device::cuda(0)).dtype == DType::Float16);  // CUDA's default
+  CHECK_THROWS_AS(amp::autocast(Device::cpu(), DType::Float32), DTypeError);
+  CHECK_FALSE(amp::autocast_state().enabled);
+}
+
+TEST_CASE("training under autocast: gradients in the parameters' dtype, close to float32's",
+          "[amp][train][autograd]") {
+  // A step under autocast, backward and the update inside the scope (as a user may write
+  // it): parameters and their gradients stay float32, the products run as bfloat16 GEMMs,
+  // and the gradients agree with the reference evaluator on the same graph and with float32
+  // training within bfloat16's precision.
+  auto run = [](bool autocast_on, const char* executor) {
+    kiln::test::ExecutorScope scope(executor);
+    manual_seed(3);
+    nn::Linear l1(16, 32), l2(32, 5);
+    Tensor x = randn({24, 16});
+    Tensor y = randint(0, 5, {24});
+    std::vector<Tensor> params = l1.parameters();
+    for (const Tensor& p : l2.parameters()) params.push_back(p);
+    std::vector<double> out;
+    {
+      amp::autocast ac(Device::cpu(), {}, autocast_on);
+      Tensor h = relu(l1.forward(x));
+      if (autocast_on) CHECK(h.dtype() == DType::BFloat16);
+      Tensor loss = nn::cross_entropy(l2.forward(h), y);
+      CHECK(loss.dtype() == DType::Float32);
+      loss.backward();
+      out.push_back(loss.item<double>());
+    }
+    for (const Tensor& p : params) {
+      CHECK(p.dtype() == DType::Float32);
+      REQUIRE(p.grad().defined());
+      CHECK(p.grad().dtype() == DType::Float32);
+      std::vector<double> g = p.grad().to_vector<double>();
+      out.insert(out.end(), g.begin(), g.end());
+    }
+    optim::SGD opt(params, {.lr = 0.1});
+    {
+      amp::autocast ac(Device::cpu(), {}, autocast_on);
+      opt.step();
+    }
+    for (const Tensor& p : params) CHECK(p.dtype() == DType::Float32);
+    return out;
+  };
+  const std::vector<double> amp_jit = run(true, "jit"), amp_ref = run(true, "reference");
+  const std::vector<double> fp32 = run(false, "jit");
+  REQUIRE(amp_jit.size() == fp32.size());
+  REQUIRE(amp_ref.size() == fp32.size());
+  double scale = 0;
+  for (double v : fp32) scale = std::max(scale, std::abs(v));
+  for (size_t i = 0; i < fp32.size(); ++i) {
+    INFO("value " << i << ": autocast jit " << amp_jit[i] << ", reference " << amp_ref[i]
+                  << ", float32 " << fp32[i]);
+    CHECK(std::abs(amp_jit[i] - amp_ref[i]) <= 1e-2 * (std::abs(amp_ref[i]) + 0.05 * scale));
+    CHECK(std::abs(amp_jit[i] - fp32[i]) <= 5e-2 * (std::abs(fp32[i]) + 0.05 * scale));
+  }
+}
+
+TEST_CASE("a linear layer under autocast is one bfloat16 GEMM and no widening kernels",
+          "[amp][matmul]") {
+  if (!jit::cpu_gemm_available(DType::BFloat16)) {
+    WARN("no CPU GEMM library in this build: skipped");
+    return;
+  }
+  manual_seed(4);
+  Tensor x = ready(randn({64, 128})), w = ready(randn({256, 128})), b = ready(randn({256}));
+  kiln::test::ExecutorScope jit_scope("jit");
+  amp::autocast scope;
+  Tensor y = relu(linear(x, w, b));
+  y.eval();
+  const jit::EvalStats s = jit::last_eval_stats();
+  CHECK(s.library_calls == 1);
+  // The operands' casts to bfloat16 (x, w), the GEMM, and the bias + relu + rounding: the
+  // GEMM reads the bfloat16 copies, never widened float32 ones.
+  CHECK(s.kernels - s.library_calls <= 3);
+}
