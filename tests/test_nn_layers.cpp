@@ -3,6 +3,9 @@
 // statistics), LayerNorm, Embedding, Dropout and the activations. Inputs are random float32
 // values; the reference reads the same float32 values as doubles. Tolerance: 1e-5 absolute
 // plus 1e-5 relative unless stated.
+#include "jit/blas.h"
+#include "jit/fuse.h"
+#include "jit/kernel_ir.h"
 #include "test_nn_support.h"
 
 using namespace nn_test;
@@ -357,5 +360,38 @@ TEST_CASE("nn activations match their float64 formulas", "[nn][activation]") {
     for (size_t k = 0; k < 10; ++k)
       CHECK(sv[r * 10 + k] ==
             Approx(std::exp(static_cast<float>(v[r * 10 + k]) - m) / z).margin(1e-6));
+  }
+}
+
+TEST_CASE("conv2d gathers its patches without divisions and multiplies them on the library",
+          "[nn][conv][matmul]") {
+  if (!kiln::jit::cpu_gemm_available(kiln::DType::Float32)) {
+    WARN("no GEMM library in this build: skipped");
+    return;
+  }
+  for (int64_t groups : {1, 2}) {
+    INFO("groups " << groups);
+    kiln::manual_seed(6);
+    kiln::Tensor x = kiln::randn({2, 4, 9, 9}).eval();
+    kiln::Tensor w = kiln::randn({6, 4 / groups, 3, 3}).eval();
+    kiln::Tensor y = kiln::nn::F::conv2d(x, w, kiln::Tensor(), {2, 2}, {1, 1}, {1, 1}, groups);
+    // The patches' kernel reads x at affine coordinates: its index maps hold no // or %
+    // (the flat [M, K] map needed four per element, at integer-division speed).
+    std::vector<kiln::Node*> outs{y.node().get()};
+    kiln::jit::FusionPlan plan = kiln::jit::fuse(kiln::pending_subgraph(outs), {outs[0]});
+    bool saw_patches = false;
+    for (const kiln::jit::FusionGroup& g : plan.groups) {
+      if (g.library || g.root->shape.size() < 6) continue;
+      saw_patches = true;
+      const kiln::jit::KernelIR ir = kiln::jit::lower(g).ir;
+      for (const kiln::jit::IrValue& v : ir.values) {
+        INFO(v.index.str());
+        CHECK(v.index.str().find("//") == std::string::npos);
+        CHECK(v.index.str().find(" % ") == std::string::npos);
+      }
+    }
+    CHECK(saw_patches);
+    y.eval();
+    CHECK(kiln::jit::last_eval_stats().library_calls >= 1);
   }
 }
