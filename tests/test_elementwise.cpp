@@ -5,6 +5,7 @@
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <numeric>
 #include <random>
@@ -476,6 +477,37 @@ TEST_CASE("cast: truncation, saturation, NaN, bool and half rounding", "[element
     check_values(kiln::cast(h, DType::Float32), {1.0 + std::ldexp(1.0, -10), std::ldexp(1.0, -24)});
     CHECK(kiln::cast(h, DType::Float16).node() == h.node());
   }
+}
+
+TEST_CASE("kernels decode all 65536 float16 patterns as the host does", "[elementwise][cast]") {
+  // The kernel prelude's h2f is written with selects (so that loops over float16 vectorize);
+  // it must give the host decoder's bits for every number, signed zeros, subnormals and
+  // infinities included, and a NaN of the same sign for every NaN. The reductions read it too: min
+  // and max over every non-NaN pattern are -inf and +inf, and one NaN makes them NaN.
+  std::vector<kiln::Half> all, numbers;
+  for (uint32_t b = 0; b < 0x10000; ++b) {
+    all.push_back(kiln::Half::from_bits(static_cast<uint16_t>(b)));
+    if (!std::isnan(kiln::half_bits_to_float(static_cast<uint16_t>(b))))
+      numbers.push_back(all.back());
+  }
+  const std::vector<float> got =
+      kiln::cast(kiln::from_vector<kiln::Half>(all), DType::Float32).to_vector<float>();
+  REQUIRE(got.size() == all.size());
+  size_t mismatches = 0;
+  for (size_t b = 0; b < got.size(); ++b) {
+    const float want = kiln::half_bits_to_float(static_cast<uint16_t>(b));
+    // A NaN keeps its sign; its payload may be quieted on the way (the host's is).
+    const bool same = std::isnan(want) ? std::isnan(got[b]) && std::signbit(got[b]) == (b >= 0x8000)
+                                       : std::memcmp(&got[b], &want, sizeof want) == 0;
+    if (!same && ++mismatches <= 5)
+      FAIL_CHECK("pattern " << b << " decodes to " << got[b] << ", the host gives " << want);
+  }
+  CHECK(mismatches == 0);
+  Tensor x = kiln::from_vector<kiln::Half>(numbers);
+  CHECK(kiln::min(x).item<double>() == -kInf);
+  CHECK(kiln::max(x).item<double>() == kInf);
+  CHECK(std::isnan(kiln::max(kiln::from_vector<kiln::Half>(all)).item<double>()));
+  CHECK(std::isnan(kiln::min(kiln::from_vector<kiln::Half>(all)).item<double>()));
 }
 
 TEST_CASE("cast: float64 and int64 to half types round once, not through float32",

@@ -249,6 +249,112 @@ TEST_CASE("all and any cast to bool and match a loop", "[reduce]") {
   CHECK(kiln::all(x, -1).to_vector<int>() == std::vector<int>{0, 0});
 }
 
+// Rows long enough for the vectorized reduction loops (printer_cpp.cpp, reduce_loop): the
+// vector body, its epilogue and the scalar tail (1037 = 16 * 64 + 13), per row, over a
+// middle dim and over the whole domain; NaN in the vector body, in the tail and nowhere.
+TEST_CASE("long rows match a loop and propagate NaN and repeat bit for bit", "[reduce]") {
+  kiln::Generator gen(41);
+  const std::vector<ReduceCase> cases = {
+      {{3, 1037}, {1}}, {{3, 1037}, {}}, {{4, 5, 131}, {1, 2}}, {{4, 5, 131}, {-1}}};
+  // Compares with a float64 loop; sums get a tolerance per group that scales with the sum
+  // of magnitudes (the combining order is the kernel's, not the loop's).
+  auto check = [&](const Tensor& x, const ReduceCase& c, const KilnReduce& op,
+                   const LoopReduce& loop, double rel) {
+    INFO("dtype " << kiln::dtype_name(x.dtype()) << " shape " << kiln::shape_str(c.shape)
+                  << " axes " << c.axes.size());
+    std::vector<double> want, tol;
+    for (const auto& g : groups(x.to_vector<double>(), c.shape, mask_of(c.shape, c.axes))) {
+      want.push_back(loop(g));
+      double mag = 0;
+      for (double v : g) mag += std::fabs(v);
+      tol.push_back(rel * mag);
+    }
+    const std::vector<double> got = op(x, c.axes, false).to_vector<double>();
+    REQUIRE(got.size() == want.size());
+    for (size_t i = 0; i < got.size(); ++i) {
+      INFO("element " << i << ": got " << got[i] << ", want " << want[i]);
+      if (std::isnan(want[i])) {
+        CHECK(std::isnan(got[i]));
+      } else {
+        CHECK((got[i] == want[i] || std::fabs(got[i] - want[i]) <= tol[i]));
+      }
+    }
+  };
+  auto sum = [](const Tensor& x, const std::vector<int64_t>& a, bool k) {
+    return kiln::sum(x, a, k);
+  };
+  auto prod = [](const Tensor& x, const std::vector<int64_t>& a, bool k) {
+    return kiln::prod(x, a, k);
+  };
+  auto max = [](const Tensor& x, const std::vector<int64_t>& a, bool k) {
+    return kiln::max(x, a, k);
+  };
+  auto min = [](const Tensor& x, const std::vector<int64_t>& a, bool k) {
+    return kiln::min(x, a, k);
+  };
+  auto all = [](const Tensor& x, const std::vector<int64_t>& a, bool k) {
+    return kiln::all(x, a, k);
+  };
+  auto any = [](const Tensor& x, const std::vector<int64_t>& a, bool k) {
+    return kiln::any(x, a, k);
+  };
+  // NaN (or the max/min extreme) is the loop's answer when the group holds one.
+  auto nan_loop = [](const LoopReduce& loop) {
+    return [loop](const std::vector<double>& g) {
+      for (double v : g)
+        if (std::isnan(v)) return std::nan("");
+      return loop(g);
+    };
+  };
+  auto loop_all = [](const std::vector<double>& g) {
+    return std::all_of(g.begin(), g.end(), [](double v) { return v != 0; }) ? 1.0 : 0.0;
+  };
+  auto loop_any = [](const std::vector<double>& g) {
+    return std::any_of(g.begin(), g.end(), [](double v) { return v != 0; }) ? 1.0 : 0.0;
+  };
+  for (const ReduceCase& c : cases) {
+    const int64_t n = kiln::numel(c.shape);
+    for (DType d : {DType::Float32, DType::Float64}) {
+      const double eps = d == DType::Float32 ? 1e-6 : 1e-14;
+      Tensor x = kiln::randn(c.shape, d, gen);
+      check(x, c, sum, loop_sum, eps);
+      // Factors near one keep a product of a thousand in range.
+      check(
+          kiln::randn(c.shape, d, gen) * 0.01 + 1.0, c, prod,
+          [](const std::vector<double>& g) { return loop_prod(g); }, 8 * eps);
+      std::vector<double> v = x.to_vector<double>();
+      v[5] = NAN;                           // the vector body of the first row
+      v[static_cast<size_t>(n) - 3] = NAN;  // the scalar tail of the last row
+      v[static_cast<size_t>(n) / 2] = kInf;
+      Tensor xn = kiln::cast(kiln::from_vector<double>(v, c.shape), d);
+      check(xn, c, max, nan_loop(loop_max), 0);
+      check(xn, c, min, nan_loop(loop_min), 0);
+      check(x, c, max, loop_max, 0);
+      check(x, c, min, loop_min, 0);
+    }
+    Tensor xi = kiln::randint(-3, 4, c.shape, gen);
+    check(xi, c, sum, loop_sum, 0);
+    check(xi, c, max, loop_max, 0);
+    check(xi, c, min, loop_min, 0);
+    // Signs only: an exact product of a thousand integers.
+    check(
+        kiln::cast(kiln::bernoulli(c.shape, 0.5, gen), DType::Int64) * 2 - 1, c, prod,
+        [](const std::vector<double>& g) { return loop_prod(g); }, 0);
+    std::vector<double> ones(static_cast<size_t>(n), 1.0);
+    ones[1000] = 0;
+    Tensor mostly = kiln::from_vector<double>(ones, c.shape);
+    check(kiln::cast(mostly, DType::Int64), c, all, loop_all, 0);
+    check(kiln::cast(mostly, DType::Int64) - 1, c, any, loop_any, 0);
+  }
+  // The same input gives the same bits on every evaluation (the pool's split of the range
+  // and each row's combining order are fixed by the shape and the thread count).
+  Tensor a = kiln::randn({100003}, DType::Float32, gen),
+         b = kiln::randn({100003}, DType::Float32, gen),
+         cc = kiln::randn({100003}, DType::Float32, gen);
+  const float first = kiln::sum(kiln::relu(a * b + cc)).item<float>();
+  for (int rep = 0; rep < 3; ++rep) CHECK(kiln::sum(kiln::relu(a * b + cc)).item<float>() == first);
+}
+
 TEST_CASE("var and std honour the correction and match a loop", "[reduce]") {
   for (int64_t correction : {0, 1, 2}) {
     auto var = [=](const Tensor& x, const std::vector<int64_t>& a, bool k) {
