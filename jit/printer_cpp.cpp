@@ -305,13 +305,12 @@ std::string cone_statements(const KernelIR& ir, int root, const std::string& ind
   return s;
 }
 
-// A Rows kernel: per row of the outer vars, each stage's reduction (lane accumulators over
-// its last dim, as InnerReduce), its total rounded to the reduction's dtype, then the
-// row's stores. A row's stages read its inputs again, from cache: a softmax row of 4096
+// A Rows kernel: per row of the outer vars, each stage's reduction (reduce_loop over its
+// last dim, as InnerReduce), its total rounded to the reduction's dtype, then the row's
+// stores. A row's stages read its inputs again, from cache: a softmax row of 4096
 // floats is 16 KiB, and it makes one pass over memory instead of three kernels' worth.
 std::string rows_body(const KernelIR& ir, const std::vector<std::string>& d) {
   const int rank = static_cast<int>(ir.dims.size());
-  const std::string L = std::to_string(kLanes);
   std::string s = "  for (i64 o = begin; o < end; ++o) {\n    i64 rem = o;\n";
   for (int k = ir.kept - 1; k >= 0; --k)
     s += "    const i64 i" + std::to_string(k) + " = rem % " + d[static_cast<size_t>(k)] +
@@ -323,14 +322,13 @@ std::string rows_body(const KernelIR& ir, const std::vector<std::string>& d) {
     const DType acc_dt = !is_floating(st.dtype)       ? DType::Int64
                          : st.dtype == DType::Float64 ? DType::Float64
                                                       : DType::Float32;
-    const std::string acc_t = compute_type(acc_dt), acc = "acc" + n;
-    const std::string id = identity_literal(kCppDialect, st.reduce, st.dtype);
+    const std::string acc_t = compute_type(acc_dt), total = "total" + n;
     const std::string x = "v" + std::to_string(st.value);
-    s += "    " + acc_t + " " + acc + "[" + L + "];\n    for (int l = 0; l < " + L + "; ++l) " +
-         acc + "[l] = (" + acc_t + ")" + id + ";\n";
+    s += "    " + acc_t + " " + total + " = (" + acc_t + ")" +
+         identity_literal(kCppDialect, st.reduce, st.dtype) + ";\n";
+    // Outer reduced dims as plain loops; the last one is reduce_loop's row (as InnerReduce).
     const int nd = static_cast<int>(st.dims.size());
-    std::string close;
-    std::string ind = "    ";
+    std::string close, ind = "    ";
     for (int m = 0; m + 1 < nd; ++m) {
       const std::string iv = "i" + std::to_string(st.first_var + m);
       s += ind + "for (i64 " + iv + " = 0; " + iv + " < d" + std::to_string(st.first_var + m) +
@@ -339,26 +337,21 @@ std::string rows_body(const KernelIR& ir, const std::vector<std::string>& d) {
       ind += "  ";
     }
     if (nd == 0) {
-      s += ind + "{\n" + cone_statements(ir, st.value, ind + "  ") + ind + "  " + acc +
-           "[0] = " + combine(st.reduce, acc + "[0]", x) + ";\n" + ind + "}\n";
+      s += "    {\n" + cone_statements(ir, st.value, "      ") + "      " + total + " = " +
+           combine(st.reduce, total, x) + ";\n    }\n";
     } else {
       const std::string last = "i" + std::to_string(st.first_var + nd - 1);
-      const std::string dl = "d" + std::to_string(st.first_var + nd - 1);
-      const std::string body = cone_statements(ir, st.value, ind + "    ");
-      s += ind + "{\n" + ind + "  i64 j = 0;\n" + ind + "  for (; j + " + L + " <= " + dl +
-           "; j += " + L + ") {\n" + ind + "    for (int l = 0; l < " + L + "; ++l) {\n" + ind +
-           "    const i64 " + last + " = j + l;\n" + body + ind + "    " + acc +
-           "[l] = " + combine(st.reduce, acc + "[l]", x) + ";\n" + ind + "    }\n" + ind + "  }\n" +
-           ind + "  for (; j < " + dl + "; ++j) {\n" + ind + "    const i64 " + last + " = j;\n" +
-           body + ind + "    " + acc + "[0] = " + combine(st.reduce, acc + "[0]", x) + ";\n" + ind +
-           "  }\n" + ind + "}\n";
+      auto lane = [&](const std::string& j) {
+        return "      const i64 " + last + " = " + j + ";\n" +
+               cone_statements(ir, st.value, "      ");
+      };
+      s += reduce_loop(acc_dt, st.reduce, total, lane, x,
+                       "d" + std::to_string(st.first_var + nd - 1));
     }
     s += close;
-    s += "    " + acc_t + " total" + n + " = " + acc + "[0];\n    for (int l = 1; l < " + L +
-         "; ++l) total" + n + " = " + combine(st.reduce, "total" + n, acc + "[l]") + ";\n";
     // Rounded as a stored total would be, then read back in the compute type.
     s += "    const " + compute_type(st.dtype) + " stage" + n + " = " +
-         load_expr(st.dtype, store_expr(st.dtype, "total" + n)) + ";\n";
+         load_expr(st.dtype, store_expr(st.dtype, total)) + ";\n";
   }
   const std::string res = "v" + std::to_string(ir.result);
   if (rank == ir.kept) {

@@ -143,7 +143,7 @@ Tensor conv2d(const Tensor& input, const Tensor& weight_in, const Tensor& bias_i
   }
   const int64_t oh = window_count(op, h, kh, stride.h, padding.h, dilation.h, false);
   const int64_t ow = window_count(op, w, kw, stride.w, padding.w, dilation.w, false);
-  const int64_t og = o / groups, kg = cg * kh * kw, m = n * oh * ow;
+  const int64_t og = o / groups;
   // im2col: the patches as [G, N, OH, OW, C/G, kh, kw], whose map is affine (no division
   // by a run-time size per element: the flat [M, K] map needed four, and its gather ran at
   // integer-division speed, 99% of a forward's generated time), stored once. The product
