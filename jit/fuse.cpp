@@ -145,7 +145,7 @@ FusionPlan fuse(const std::vector<Node*>& schedule, const std::unordered_set<Nod
     }
     depth[n] = dep;
     reads[n] = r;
-    bool keep = no_fusion || outputs.count(n) || forced.count(n) ||
+    bool keep = no_fusion || outputs.count(n) || forced.count(n) || n->store_hint ||
                 (n->op == OpCode::ReindexReduce && !accumulated.count(n)) ||
                 n->op == OpCode::Transfer;
     // Long chains are cut into kernels of bounded depth: lowering walks them recursively

@@ -346,6 +346,39 @@ TEST_CASE("reindex rules", "[simplify]") {
     });
     CHECK(count_op(r.schedule, OpCode::Reindex) == 4);
   }
+  SECTION("a slice of a concat inside one piece reads that piece") {
+    Outcome r = run_and_compare([](uint64_t s) {
+      Tensor a = exp(rn({2, 3}, s)), b = exp(rn({4, 3}, s + 1)), c = exp(rn({1, 3}, s + 2));
+      Tensor joined = concat({a, b, c}, 0);  // [7, 3]
+      return std::vector<Tensor>{slice(joined, 0, 3, 5) + 1.0f,   // inside b
+                                 slice(joined, 0, 6, 7) + 1.0f,   // c
+                                 slice(joined, 0, 0, 2) * 2.0f};  // a
+    });
+    CHECK(count_op(r.schedule, OpCode::Where) == 0);
+    CHECK(count_op(r.schedule, OpCode::Reindex) == 2);  // slices of a and b; c is read whole
+  }
+  SECTION("a slice across pieces keeps its selects") {
+    Outcome r = run_and_compare([](uint64_t s) {
+      Tensor a = exp(rn({2, 3}, s)), b = exp(rn({4, 3}, s + 1));
+      return std::vector<Tensor>{slice(concat({a, b}, 0), 0, 1, 4) + 1.0f};
+    });
+    CHECK(count_op(r.schedule, OpCode::Where) == 1);
+  }
+  SECTION("the gradient of a stack's step is a slice of the stack's gradient") {
+    Outcome r = run_and_compare([](uint64_t s) {
+      std::vector<Tensor> steps;
+      std::vector<Tensor> pieces;
+      for (int t = 0; t < 11; ++t) {
+        steps.push_back(rn({2, 3}, s + t).requires_grad_());
+        pieces.push_back(unsqueeze(exp(steps.back()), 0));
+      }
+      Tensor y = kiln::detail::concat_tree(pieces, 0);
+      std::vector<Tensor> g = grad(sum(y * exp(rn({11, 2, 3}, s + 50))), steps);
+      for (Tensor& x : g) x = x + 1.0f;
+      return g;
+    });
+    CHECK(count_op(r.schedule, OpCode::Where) == 0);
+  }
   SECTION("reindex of a fill") {
     Outcome r = run_and_compare([](uint64_t s) {
       Tensor x = exp(rn({2, 3}, s));
