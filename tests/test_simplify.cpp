@@ -252,6 +252,22 @@ TEST_CASE("constant folding of fills", "[simplify]") {
   }
 }
 
+TEST_CASE("integer products with zero and sums of zeros fold; float products with zero stay",
+          "[simplify]") {
+  Outcome r = run_and_compare([](uint64_t s) {
+    Tensor i = ri({3, 4}, s, DType::Int64);
+    Tensor x = rn({3, 4}, s + 1);
+    return std::vector<Tensor>{
+        i * zeros({3, 4}, DType::Int64) + 1,      // 0 for every integer: folds, and so does + 1
+        sum(zeros({6, 7}), 1) + 2.0f,             // a sum of +0.0 is +0.0
+        x * broadcast_to(zeros({4}), {3, 4}),     // 0 * inf is NaN: stays
+        sum(full({2, 3}, -0.0f), 1)};             // -0.0 terms: stays (the empty sum is +0.0)
+  });
+  CHECK(r.folded == 4);
+  CHECK(count_op(r.schedule, OpCode::Mul) == 1);
+  CHECK(count_op(r.schedule, OpCode::ReindexReduce) == 1);
+}
+
 TEST_CASE("identities replace a node by its operand", "[simplify]") {
   SECTION("x*1, x/1, integer x+0 and x-0, float x-(+0) and x+(-0)") {
     Outcome r = run_and_compare([](uint64_t s) {
@@ -385,13 +401,16 @@ TEST_CASE("reindex rules", "[simplify]") {
       Tensor f = full({3}, 1.25f);
       Tensor z = full({3}, 0.0f);
       return std::vector<Tensor>{
-          x * broadcast_to(f, {2, 3}),      // in range: a fill of the new shape
-          pad(f, {{1, 1}}, 1.25f) + 1.0f,   // out of range, but fill == value
+          x * broadcast_to(f, {2, 3}),      // a broadcast fill stays a reindex (GEMM operands)
+          pad(f, {{1, 1}}, 1.25f) + 1.0f,   // out of range, but fill == value: folds
           pad(f, {{1, 1}}, 0.0f) + 1.0f,    // fill differs: stays
-          pad(z, {{1, 1}}, -0.0f) + 1.0f};  // 0.0 vs -0.0 differ in bits: stays
+          pad(z, {{1, 1}}, -0.0f) + 1.0f,   // 0.0 vs -0.0 differ in bits: stays
+          x * broadcast_to(full({3}, 1.0f), {2, 3}),  // seen through: x * 1 is x
+          slice(f, 0, 1, 3) * 2.0f};        // narrowing: a fill, and fill * 2 folds
     });
-    CHECK(r.folded == 3);  // the broadcast, the equal-fill pad, and that pad + 1
-    CHECK(count_op(r.schedule, OpCode::Reindex) == 2);
+    CHECK(r.folded == 3);  // that pad + 1, the slice, and the slice * 2
+    CHECK(r.identities == 1);
+    CHECK(count_op(r.schedule, OpCode::Reindex) == 3);
   }
 }
 
