@@ -162,6 +162,7 @@ NodePtr Node::with(OpCode new_op, std::vector<NodePtr> new_inputs, Device new_de
   copy->origin = origin;
   copy->composite = composite;
   copy->checkpoint_region = checkpoint_region;
+  copy->store_hint = store_hint;
   copy->requires_grad = false;
   return copy;
 }

@@ -58,6 +58,11 @@ struct Node : std::enable_shared_from_this<Node> {
   /// Nonzero for nodes built inside kiln::checkpoint (the region's number): the memory
   /// planner releases their values once the region is done and rebuilds them when read.
   uint32_t checkpoint_region = 0;
+  /// Fusion stores this value instead of inlining it into its consumers: a join's inner
+  /// pieces (so its kernels do not depend on how many pieces there are) and values a
+  /// backward pass reads that cost more to rebuild than to keep (an LSTM's gates). A hint
+  /// only: results do not change, and a memory budget may still drop and rebuild the value.
+  bool store_hint = false;
 
   // --- autograd ---
   /// Gradients flow through this node: set at construction when grad mode is on, the dtype

@@ -180,7 +180,7 @@ FusionPlan fuse(const std::vector<Node*>& schedule, const std::unordered_set<Nod
       const bool row_stage = row_candidates.count(n) && !stored_rows.count(n);
       // A row stage's total is computed once per row: per element it costs nothing.
       if (row_stage) c = 0;
-      bool keep = no_fusion || outputs.count(n) || forced.count(n) ||
+      bool keep = no_fusion || outputs.count(n) || forced.count(n) || n->store_hint ||
                   (n->op == OpCode::ReindexReduce && !accumulated.count(n) && !row_stage) ||
                   n->op == OpCode::Transfer;
       // Long chains are cut into kernels of bounded depth: lowering walks them recursively

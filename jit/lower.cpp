@@ -385,6 +385,16 @@ int Lowerer::value_of(Node* n, const std::vector<IndexExpr>& coords, bool is_roo
       }
       if (bounds_.size() == saved) return value_of(x, inner);
       int g = guard_value();
+      // A true fill read with false outside (concat's "before this piece's end") is the guard
+      // itself: a select between two literals would hide from the printer's row split that
+      // the rows decide it.
+      if (n->dtype == DType::Bool && x->op == OpCode::Full && !x->is_evaluated() &&
+          x->dtype == DType::Bool && x->scalar.to_bool() && !n->scalar.to_bool()) {
+        bounds_.resize(saved);
+        bound_errors_.resize(saved);
+        bound_sites_.resize(saved);
+        return g;
+      }
       int val = value_of(x, inner);
       bounds_.resize(saved);
       bound_errors_.resize(saved);

@@ -61,15 +61,18 @@ std::optional<Scalar> as_scalar(const Element& e, DType dtype) {
 
 bool is_pending_full(const Node& n) { return n.op == OpCode::Full && !n.is_evaluated(); }
 
-// True when `n` is a pending fill whose stored elements are the bytes of `v` in its dtype
-// (so -0.0 and +0.0 differ for floats, and 0 means 0 for integers).
+const Node* fill_of(const Node& n);
+
+// True when every element of `n` is a pending fill's, stored as the bytes of `v` in its
+// dtype (so -0.0 and +0.0 differ for floats, and 0 means 0 for integers).
 bool fill_is(const Node& n, double v) {
-  return is_pending_full(n) && same_bytes(stored(n.dtype, n.scalar), stored(n.dtype, Scalar(v)), n.dtype);
+  const Node* f = fill_of(n);
+  return f != nullptr && same_bytes(stored(f->dtype, f->scalar), stored(f->dtype, Scalar(v)), f->dtype);
 }
 
 // run_cast of ops/reference.cpp on one element.
 std::optional<Scalar> fold_cast(const Node& n) {
-  const Node& x = *n.inputs[0];
+  const Node& x = *fill_of(*n.inputs[0]);
   Element in = stored(x.dtype, x.scalar), out;
   if (is_floating(x.dtype)) store_double(out.bytes, n.dtype, 0, load_as_double(in.bytes, x.dtype, 0));
   else store_int64(out.bytes, n.dtype, 0, load_as_int64(in.bytes, x.dtype, 0));
@@ -85,7 +88,10 @@ std::optional<Scalar> fold_elementwise(const Node& n) {
   size_t arity = n.inputs.size();
   if (arity > 3) return std::nullopt;
   Element in[3];
-  for (size_t k = 0; k < arity; ++k) in[k] = stored(n.inputs[k]->dtype, n.inputs[k]->scalar);
+  for (size_t k = 0; k < arity; ++k) {
+    const Node& f = *fill_of(*n.inputs[k]);
+    in[k] = stored(f.dtype, f.scalar);
+  }
   Element out;
   if (is_floating(operand)) {
     if (def.f64 == nullptr) return std::nullopt;
@@ -202,6 +208,23 @@ bool has_any_load(const std::vector<IndexExpr>& map) {
   return false;
 }
 
+// The pending fill whose value every element of `n` has: n itself, or a plain reindex of
+// one that stays in range (a broadcast, which the pass keeps as a reindex: see
+// reindex_of_fill). Null for anything else.
+const Node* fill_of(const Node& n) {
+  if (is_pending_full(n)) return &n;
+  if (n.op != OpCode::Reindex || n.is_evaluated() || n.inputs.size() != 1 || has_any_load(n.index_map))
+    return nullptr;
+  const Node& x = *n.inputs[0];
+  if (x.dtype != n.dtype || n.index_map.size() != x.shape.size()) return nullptr;
+  const Node* f = fill_of(x);
+  // Out of range the reindex gives its own fill: no matter when it stores the same bytes.
+  if (f == nullptr || (!map_in_range(n.index_map, n.shape, x.shape) &&
+                       !same_bytes(stored(n.dtype, n.scalar), stored(f->dtype, f->scalar), n.dtype)))
+    return nullptr;
+  return f;
+}
+
 bool is_identity_map(const std::vector<IndexExpr>& map) {
   for (size_t d = 0; d < map.size(); ++d) {
     const IndexExpr& e = map[d];
@@ -284,6 +307,7 @@ class Simplifier {
         Node* target = r.created ? visit(r.node, depth + 1) : r.node;
         // An output may share a pending representative's buffer, never a leaf's.
         if (!(target->is_evaluated() && outputs_.count(n))) {
+          keep_hint(n, target);
           rep_[n] = target;
           count(r.reason);
           return target;
@@ -291,6 +315,12 @@ class Simplifier {
       }
     }
     return intern(n);
+  }
+
+  // A store hint survives its node being replaced: the representative computes the same
+  // value (a fill or a leaf needs no storing).
+  static void keep_hint(const Node* replaced, Node* by) {
+    if (replaced->store_hint && !by->is_evaluated() && by->op != OpCode::Full) by->store_hint = true;
   }
 
   void count(Reason why) {
@@ -327,9 +357,11 @@ class Simplifier {
         // to it; the duplicate, which has readers, becomes the representative instead.
         it->second = n;
         keys_[n] = key;
+        keep_hint(c, n);
         rep_[c] = n;
         return n;
       }
+      keep_hint(n, c);
       rep_[n] = c;
       return c;
     }
@@ -369,6 +401,7 @@ class Simplifier {
     switch (op_family(n.op)) {
       case OpFamily::Elementwise: return n.op == OpCode::Cast ? cast_rules(n) : elementwise_rules(n);
       case OpFamily::Reindex: return reindex_rules(n);
+      case OpFamily::ReindexReduce: return reduce_rules(n);
       default: return {};
     }
   }
@@ -376,7 +409,7 @@ class Simplifier {
   Replacement cast_rules(const Node& n) {
     const Node& x = *n.inputs[0];
     if (x.dtype == n.dtype) return operand(n, x);
-    if (is_pending_full(x)) return folded(n, fold_cast(n));
+    if (fill_of(x) != nullptr) return folded(n, fold_cast(n));
     return {};
   }
 
@@ -384,13 +417,13 @@ class Simplifier {
     if (n.inputs.empty()) return {};
     bool all_fills = true;
     for (const NodePtr& in : n.inputs)
-      all_fills = all_fills && is_pending_full(*in) && in->shape == n.shape;
+      all_fills = all_fills && fill_of(*in) != nullptr && in->shape == n.shape;
     if (all_fills) return folded(n, fold_elementwise(n));
     if (n.inputs.size() == 3 && n.op == OpCode::Where) {
       const Node& c = *n.inputs[0];
       if (n.inputs[1] == n.inputs[2]) return operand(n, *n.inputs[1]);
-      if (is_pending_full(c)) {
-        bool pick_a = load_as_int64(stored(c.dtype, c.scalar).bytes, c.dtype, 0) != 0;
+      if (const Node* f = fill_of(c)) {
+        bool pick_a = load_as_int64(stored(f->dtype, f->scalar).bytes, f->dtype, 0) != 0;
         return operand(n, *n.inputs[pick_a ? 1 : 2]);
       }
       return {};
@@ -404,6 +437,11 @@ class Simplifier {
         // x*1 is x in every dtype (the float64 product is exact and converts back unchanged).
         if (fill_is(b, 1.0)) return operand(n, a);
         if (fill_is(a, 1.0)) return operand(n, b);
+        // x*0 is 0 for integers. Not for floats: 0*inf and 0*NaN are NaN, and a float x is not
+        // known finite here (a zero initial state times a weight or a gradient gives NaN where
+        // they hold one, as in PyTorch); such products run on the library GEMM instead.
+        if (!floating && a.dtype != DType::Bool && (fill_is(a, 0.0) || fill_is(b, 0.0)))
+          return folded(n, Scalar(int64_t{0}));
         break;
       case OpCode::Div:
         if (floating && fill_is(b, 1.0)) return operand(n, a);
@@ -422,6 +460,15 @@ class Simplifier {
     return {};
   }
 
+  // A sum of zeros is zero: every output starts at the identity (+0) and adds +0 (-0.0
+  // terms would not be, -0.0 + -0.0 being -0.0 where the empty sum is +0.0).
+  Replacement reduce_rules(const Node& n) {
+    if (n.reduce != ReduceOp::Sum || n.inputs.size() != 1 || has_any_load(n.index_map)) return {};
+    const Node& x = *n.inputs[0];
+    if (x.dtype != n.dtype || n.dtype == DType::Bool || !fill_is(x, 0.0)) return {};
+    return folded(n, is_floating(n.dtype) ? Scalar(0.0) : Scalar(int64_t{0}));
+  }
+
   Replacement reindex_rules(const Node& n) {
     if (n.inputs.size() != 1 || has_any_load(n.index_map)) return {};
     const Node& x = *n.inputs[0];
@@ -429,14 +476,98 @@ class Simplifier {
     if (n.shape == x.shape && is_identity_map(n.index_map)) return operand(n, x);
     if (is_pending_full(x)) return reindex_of_fill(n, x);
     if (x.op == OpCode::Reindex && !x.is_evaluated()) return reindex_of_reindex(n, x);
+    if (x.op == OpCode::Where && !x.is_evaluated()) return reindex_of_select(n, x);
     return {};
+  }
+
+  // A read of where(c, a, b) over a region where the condition is a comparison of a
+  // coordinate with a constant that holds (or fails) everywhere reads a (or b) alone: a slice
+  // of a concat is its piece, and the gradient of a concat's piece is a slice of the
+  // gradient instead of a chain of selects, one per piece before it.
+  Replacement reindex_of_select(const Node& n, const Node& select) {
+    std::optional<bool> pick = constant_condition(*select.inputs[0], n.index_map, n.shape);
+    if (!pick) return {};
+    const NodePtr& branch = select.inputs[*pick ? 1 : 2];
+    if (branch->dtype != select.dtype || branch->shape != select.shape) return {};
+    return {adopt(n.with(OpCode::Reindex, {branch}, n.device)), true, Reason::Identity};
+  }
+
+  // The value of integer coordinate node `n` (an iota, or a plain in-range reindex of one) at
+  // point `at` of some domain, as an index expression; nothing for any other node.
+  static std::optional<IndexExpr> coordinate_at(const Node& n, const std::vector<IndexExpr>& at) {
+    if (n.is_evaluated() || is_floating(n.dtype) || n.dtype == DType::Bool) return std::nullopt;
+    if (n.op == OpCode::Iota && n.axis >= 0 && static_cast<size_t>(n.axis) < at.size())
+      return at[static_cast<size_t>(n.axis)];
+    if (n.op != OpCode::Reindex || n.inputs.size() != 1 || has_any_load(n.index_map)) return std::nullopt;
+    const Node& x = *n.inputs[0];
+    if (n.index_map.size() != x.shape.size() || x.dtype != n.dtype ||
+        !map_in_range(n.index_map, n.shape, x.shape))
+      return std::nullopt;
+    std::vector<IndexExpr> inner;
+    for (const IndexExpr& e : n.index_map) inner.push_back(substitute(e, at));
+    return coordinate_at(x, inner);
+  }
+
+  // Whether boolean `cond`, read at `at` for every point of `domain`, is the same
+  // everywhere: a comparison of a coordinate with an integer fill (possibly broadcast by a
+  // plain reindex). Points where the read leaves cond's shape can only widen the bounds.
+  static std::optional<bool> constant_condition(const Node& cond, const std::vector<IndexExpr>& at,
+                                                const Shape& domain) {
+    if (cond.is_evaluated()) return std::nullopt;
+    if (cond.op == OpCode::Reindex && cond.inputs.size() == 1 && !has_any_load(cond.index_map) &&
+        is_pending_full(*cond.inputs[0]) && cond.inputs[0]->dtype == DType::Bool &&
+        cond.index_map.size() == cond.inputs[0]->shape.size()) {
+      // A fill read in range (its value) or provably out of range in some dimension (the
+      // reindex's fill): concat's "before the piece's end".
+      const Node& x = *cond.inputs[0];
+      bool inside = true;
+      for (size_t d = 0; d < cond.index_map.size(); ++d) {
+        const Interval b = bounds(substitute(cond.index_map[d], at), domain);
+        if (!b.known) return std::nullopt;
+        if (b.hi < 0 || b.lo >= x.shape[d]) return load_as_int64(stored(cond.dtype, cond.scalar).bytes, cond.dtype, 0) != 0;
+        inside = inside && b.lo >= 0 && b.hi < x.shape[d];
+      }
+      if (!inside) return std::nullopt;
+      return load_as_int64(stored(x.dtype, x.scalar).bytes, x.dtype, 0) != 0;
+    }
+    if (cond.op == OpCode::Reindex && cond.inputs.size() == 1 && !has_any_load(cond.index_map)) {
+      const Node& x = *cond.inputs[0];
+      if (cond.index_map.size() != x.shape.size() || x.dtype != cond.dtype ||
+          !map_in_range(cond.index_map, cond.shape, x.shape))
+        return std::nullopt;
+      std::vector<IndexExpr> inner;
+      for (const IndexExpr& e : cond.index_map) inner.push_back(substitute(e, at));
+      return constant_condition(x, inner, domain);
+    }
+    const OpCode op = cond.op;
+    if (op != OpCode::Lt && op != OpCode::Le && op != OpCode::Gt && op != OpCode::Ge) return std::nullopt;
+    const Node& c = *cond.inputs[1];
+    if (!is_pending_full(c) || is_floating(c.dtype) || c.dtype == DType::Bool) return std::nullopt;
+    std::optional<IndexExpr> v = coordinate_at(*cond.inputs[0], at);
+    if (!v) return std::nullopt;
+    const Interval b = bounds(*v, domain);
+    if (!b.known) return std::nullopt;
+    const int64_t k = load_as_int64(stored(c.dtype, c.scalar).bytes, c.dtype, 0);
+    switch (op) {
+      case OpCode::Lt: return b.hi < k ? std::optional<bool>(true) : b.lo >= k ? std::optional<bool>(false) : std::nullopt;
+      case OpCode::Le: return b.hi <= k ? std::optional<bool>(true) : b.lo > k ? std::optional<bool>(false) : std::nullopt;
+      case OpCode::Gt: return b.lo > k ? std::optional<bool>(true) : b.hi <= k ? std::optional<bool>(false) : std::nullopt;
+      default: return b.lo >= k ? std::optional<bool>(true) : b.hi < k ? std::optional<bool>(false) : std::nullopt;
+    }
   }
 
   // Every element is either the fill's value (in range) or the reindex's fill (out of range);
   // fold when only one of them can occur or both store the same bytes.
+  //
+  // A reindex that widens a fill (a broadcast) stays: it costs nothing in a kernel (the
+  // value is a literal either way, and rules see through it with fill_of), and folded it
+  // hid a product with a broadcast fill from the library GEMM, which needs the narrow fill
+  // as its operand. The weight gradient through an LSTM's zero initial state had become a
+  // float64 scatter over [4H, H, B] (13.8 ms) instead of a GEMM (0.9 ms).
   Replacement reindex_of_fill(const Node& n, const Node& x) {
     if (n.dtype != x.dtype) return {};
     if (numel(x.shape) == 0) return folded(n, n.scalar);
+    if (numel(n.shape) > numel(x.shape)) return {};
     if (numel(n.shape) == 0 || map_in_range(n.index_map, n.shape, x.shape)) return folded(n, x.scalar);
     if (same_bytes(stored(n.dtype, n.scalar), stored(n.dtype, x.scalar), n.dtype)) return folded(n, x.scalar);
     return {};
@@ -448,11 +579,21 @@ class Simplifier {
   // still appears exactly there: per inner dimension j, either the outer map provably stays
   // inside it, or some dimension d of x is read as exactly i_j with x.shape[d] equal to the
   // size of j (the composed map then carries the outer coordinate unchanged into x).
+  // Also exact when the outer map stays inside the inner's domain and the composed map
+  // inside x: no fill can appear at all (a slice of a padded piece that reads only the piece).
   Replacement reindex_of_reindex(const Node& n, const Node& inner) {
     if (inner.inputs.size() != 1 || has_any_load(inner.index_map)) return {};
     const NodePtr& x = inner.inputs[0];
     if (numel(inner.shape) == 0 || inner.index_map.size() != x->shape.size()) return {};
-    if (!map_in_range(inner.index_map, inner.shape, x->shape)) return {};
+    std::vector<IndexExpr> map;
+    map.reserve(inner.index_map.size());
+    for (const IndexExpr& e : inner.index_map) map.push_back(substitute(e, n.index_map));
+    if (!map_in_range(inner.index_map, inner.shape, x->shape)) {
+      if (numel(n.shape) == 0 || !map_in_range(n.index_map, n.shape, inner.shape) ||
+          !map_in_range(map, n.shape, x->shape))
+        return {};
+      return composed(n, x, std::move(map));
+    }
     for (size_t j = 0; j < inner.shape.size(); ++j) {
       Interval b = bounds(n.index_map[j], n.shape);
       if (b.known && b.lo >= 0 && b.hi < inner.shape[j]) continue;
@@ -464,9 +605,10 @@ class Simplifier {
       }
       if (!carried) return {};
     }
-    std::vector<IndexExpr> map;
-    map.reserve(inner.index_map.size());
-    for (const IndexExpr& e : inner.index_map) map.push_back(substitute(e, n.index_map));
+    return composed(n, x, std::move(map));
+  }
+
+  Replacement composed(const Node& n, const NodePtr& x, std::vector<IndexExpr> map) {
     auto node = std::make_shared<Node>(OpCode::Reindex, std::vector<NodePtr>{x}, n.shape, n.dtype, n.device);
     node->index_map = std::move(map);
     node->scalar = n.scalar;

@@ -109,24 +109,6 @@ std::vector<Node*> backward_order(const char* what, Node* output,
   return {post.rbegin(), post.rend()};
 }
 
-// concat(tensors, axis) as a tree of concats of at most 8 pieces, each inner one stored
-// (x + 0.0, which the simplifier keeps): a flat concat picks each element's piece by a chain
-// of selects, which fusion splits into a full-size pass per 8 pieces; the tree takes
-// log8(pieces) passes. Floating tensors only.
-Tensor concat_tree(const std::vector<Tensor>& tensors, int64_t axis) {
-  constexpr size_t kFanIn = 8;  // the most stored values one fused kernel reads
-  if (tensors.size() <= kFanIn) return concat(tensors, axis);
-  std::vector<Tensor> level;
-  for (size_t i = 0; i < tensors.size(); i += kFanIn) {
-    const size_t end = std::min(i + kFanIn, tensors.size());
-    std::vector<Tensor> part(tensors.begin() + static_cast<std::ptrdiff_t>(i),
-                             tensors.begin() + static_cast<std::ptrdiff_t>(end));
-    level.push_back(part.size() == 1 ? part[0]
-                                     : add(concat(part, axis), scalar_tensor(Scalar(0.0))));
-  }
-  return concat_tree(level, axis);
-}
-
 // A slice's gradient: g placed at `at` (per dimension) within its input, zero elsewhere.
 struct SlicePiece {
   const Node* slice;
@@ -190,7 +172,7 @@ Tensor join_pieces(const Node& x, std::vector<SlicePiece>& pieces) {
     filled = p.at[a] + p.g.shape()[a];
   }
   gap(x.shape[a]);
-  return concat_tree(parts, axis);
+  return detail::concat_tree(parts, axis);
 }
 
 // Gradients of every node in `order` (outputs first) seeded with `seed` at order's front.
@@ -200,10 +182,24 @@ std::unordered_map<Node*, Tensor> propagate(const std::vector<Node*>& order, Nod
   std::unordered_map<Node*, Tensor> grads;
   std::unordered_map<Node*, std::vector<SlicePiece>> pieces;
   grads[output] = seed;
+  // Per gradient sum: its number of terms, and whether each is a reduction's output or a
+  // value (stored anyway). A sum of such terms, a bias used at every step of a sequence,
+  // keeps each partial sum stored: fused, the chain was cut every 8 reads and the last
+  // kernel summed T mod 8 terms, a new kernel for each new sequence length. Stored, every
+  // kernel adds one term to a stored total. Sums with terms to compute stay fused.
+  std::unordered_map<Node*, std::pair<int, bool>> terms;
+  auto stored_term = [](const Tensor& t) {
+    return t.node()->is_evaluated() || t.node()->op == OpCode::ReindexReduce;
+  };
   auto accumulate = [&](Node* in, Tensor gk) {
     if (gk.dtype() != in->dtype) gk = cast(gk, in->dtype);
     auto [slot, fresh] = grads.try_emplace(in, gk);
-    if (!fresh) slot->second = add(slot->second, gk);
+    auto& [count, all_stored] = terms[in];
+    all_stored = (fresh || all_stored) && stored_term(gk);
+    ++count;
+    if (fresh) return;
+    if (count >= 3 && all_stored) detail::store_hint(slot->second);
+    slot->second = add(slot->second, gk);
   };
   for (Node* n : order) {
     // Every reader of n came before it: its slices' gradients are all in.

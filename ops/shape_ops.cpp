@@ -159,7 +159,6 @@ Tensor concat_as(const std::vector<Tensor>& inputs, int64_t axis, const char* op
   // the result is exact for every dtype (NaN, -0.0, large int64) unlike a sum of pads.
   Shape mask_shape(out.size(), 1);
   mask_shape[a] = out[a];
-  Tensor coord;
   Tensor result;
   int64_t offset = out[a];
   for (size_t k = tensors.size(); k-- > 0;) {
@@ -177,8 +176,14 @@ Tensor concat_as(const std::vector<Tensor>& inputs, int64_t axis, const char* op
       result = placed;
       continue;
     }
-    if (!coord.defined()) coord = index(mask_shape, a);
-    Tensor in_piece = elementwise(OpCode::Lt, {coord, scalar_tensor(offset + t.shape()[a])}, op);
+    // True where the axis coordinate is below the piece's end: a read of a true fill of that
+    // extent, false past it. The end is then a size, a kernel parameter, where comparing a
+    // coordinate with an integer constant prints it into the kernel: one kernel per offset,
+    // and an RNN's joins of its steps compiled anew for every sequence length.
+    Shape below = mask_shape;
+    below[a] = offset + t.shape()[a];
+    Tensor in_piece = reindex(full(below, true, DType::Bool, first.device()), mask_shape,
+                              identity_map(mask_shape.size()), false, {}, false, op);
     result = elementwise(OpCode::Where, {in_piece, placed, result}, op);
   }
   return result;
@@ -399,6 +404,46 @@ Tensor pad(const Tensor& x, const std::vector<std::pair<int64_t, int64_t>>& pads
 Tensor concat(const std::vector<Tensor>& tensors, int64_t axis) {
   return concat_as(tensors, axis, "concat");
 }
+
+namespace detail {
+
+Tensor store_hint(const Tensor& x) {
+  // A fill is a literal in every kernel that reads it: storing it would only cost a pass.
+  if (x.defined() && !x.node()->is_evaluated() && x.node()->op != OpCode::Full)
+    x.node()->store_hint = true;
+  return x;
+}
+
+namespace {
+
+// A balanced tree of concats of 2 over values that are all stored, itself stored unless it
+// is the root of the whole join.
+Tensor concat_pairs(const std::vector<Tensor>& items, size_t begin, size_t end, int64_t axis,
+                    bool root) {
+  if (end - begin == 1) return items[begin];
+  const size_t mid = begin + (end - begin) / 2;
+  Tensor joined = concat(
+      {concat_pairs(items, begin, mid, axis, false), concat_pairs(items, mid, end, axis, false)},
+      axis);
+  return root ? joined : store_hint(joined);
+}
+
+}  // namespace
+
+// A kernel is keyed by its structure, and a concat of k pieces is a chain of k - 1 selects,
+// so a tree whose fan-in follows the number of pieces (groups of 8 and a remainder) compiled
+// new kernels for each new count; fusion, which inlines unstored inner joins into their
+// parents, made kernel shapes follow the count too. Here every join is of two values, every
+// inner one stored, halves split evenly: the kernels are a pair of leaves, a leaf and a
+// stored value, and two stored values (a kernel reads stored values of any size alike, sizes
+// being parameters, though an extent of 1 is a literal), whatever the count, at log2(n)
+// passes over the result. Fixed joins of 8 with the remainder carried up took fewer passes
+// but mixed one-step leftovers with larger values in patterns that followed n mod 8.
+Tensor concat_tree(const std::vector<Tensor>& pieces, int64_t axis) {
+  return concat_pairs(pieces, 0, pieces.size(), axis, true);
+}
+
+}  // namespace detail
 
 Tensor stack(const std::vector<Tensor>& tensors, int64_t axis) {
   if (tensors.empty()) throw ValueError("[stack] expects a non-empty list of tensors");

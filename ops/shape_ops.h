@@ -59,6 +59,19 @@ Tensor index_select(const Tensor& x, int64_t axis, const Tensor& index);
 /// dtype). Contributions are summed before being added to x; out-of-range raises IndexError.
 Tensor scatter_add(const Tensor& x, int64_t axis, const Tensor& index, const Tensor& src);
 
+namespace detail {
+
+/// Asks fusion to store x's pending value rather than inline it into its consumers
+/// (Node::store_hint); returns x. Results do not change; an evaluated x is left as it is.
+Tensor store_hint(const Tensor& x);
+/// concat(pieces, axis) of any number of pieces as a balanced tree of joins of two, every
+/// inner one stored, so that its kernels do not depend on the number of pieces: an RNN's
+/// sequence of steps (its output, its input's gradient) compiles the same kernels for every
+/// sequence length, in log2(T) passes.
+Tensor concat_tree(const std::vector<Tensor>& pieces, int64_t axis);
+
+}  // namespace detail
+
 /// Keeps elements with col - row <= k in the last two dimensions, zeroing the rest.
 Tensor tril(const Tensor& x, int64_t k = 0);
 /// Keeps elements with col - row >= k in the last two dimensions, zeroing the rest.

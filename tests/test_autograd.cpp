@@ -445,3 +445,47 @@ TEST_CASE("products of reshaped, sliced and permuted operands still run on the l
   for (size_t i = 0; i < std::get<2>(ref).size(); ++i)
     REQUIRE(std::get<2>(jit_result)[i] == Approx(std::get<2>(ref)[i]).margin(1e-3));
 }
+
+TEST_CASE("a product with a zero fill runs on the library and keeps NaN where a factor has one",
+          "[autograd][matmul][simplify]") {
+  if (!jit::cpu_gemm_available(DType::Float32)) {
+    WARN("skipped: kiln was built without a BLAS");
+    return;
+  }
+  // An LSTM's first step: h0 = 0, gates = x W_ih^T + h0 W_hh^T; W_hh's gradient there is
+  // g^T h0. Folded, the broadcast zero had hidden both products from the library (the
+  // gradient's became a float64 scatter). 0 * inf is NaN, so nothing folds to zero: a NaN or
+  // an infinity in W_hh or in g must reach the results as in PyTorch.
+  manual_seed(13);
+  Tensor w = randn({8, 5}).eval().requires_grad_();
+  for (bool poison : {false, true}) {
+    INFO((poison ? "an infinity in the weight" : "finite values"));
+    Tensor x = randn({4, 5}).eval();
+    if (poison) x = where(reshape(arange(20), {4, 5}) == 7, full({4, 5}, INFINITY), x).eval();
+    auto run = [&] {
+      Tensor h0 = reshape(slice(zeros({2, 4, 5}), 0, 0, 1), {4, 5});
+      Tensor y = linear(h0, w) + linear(x, w);  // [4, 8]
+      std::vector<Tensor> g = grad(sum(y * cos(y.detach() + 1.0f)), {w});
+      eval({g[0], y});
+      return std::make_pair(y.to_vector<double>(), g[0].to_vector<double>());
+    };
+    auto got = run();
+    const jit::EvalStats stats = jit::last_eval_stats();
+    CHECK(stats.library_calls >= 3);  // h0 W^T, x W^T and the weight's gradient terms
+    decltype(got) want;
+    {
+      ExecutorScope scope("reference");
+      want = run();
+    }
+    for (auto [a, b] : {std::make_pair(&got.first, &want.first), {&got.second, &want.second}}) {
+      REQUIRE(a->size() == b->size());
+      for (size_t i = 0; i < a->size(); ++i) {
+        INFO("element " << i << ": " << (*a)[i] << " vs " << (*b)[i]);
+        if (std::isnan((*b)[i]))
+          CHECK(std::isnan((*a)[i]));
+        else
+          CHECK((*a)[i] == Approx((*b)[i]).margin(1e-4));
+      }
+    }
+  }
+}

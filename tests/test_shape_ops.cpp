@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "frontend/kiln.h"
+#include "op_harness.h"
 
 using Catch::Contains;
 using kiln::DType;
@@ -354,6 +355,32 @@ TEST_CASE("concat copies values exactly: -0.0, NaN, large int64", "[shape]") {
   CHECK(c.to_vector<int64_t>() == std::vector<int64_t>{big, -big, 7});
   Tensor f = kiln::concat({kiln::from_vector<float>({-0.0f}), kiln::from_vector<float>({-0.0f})});
   for (float v : f.to_vector<float>()) CHECK(std::bit_cast<uint32_t>(v) == 0x80000000u);
+}
+
+TEST_CASE("concat_tree joins any number of pieces exactly as concat does", "[shape]") {
+  // Pieces of one and of several steps, NaN and -0.0 among them: the tree's stored inner
+  // joins must copy bits as the flat concat does, for every count (and every tree shape).
+  for (int n = 1; n <= 19; ++n) {
+    CAPTURE(n);
+    std::vector<Tensor> pieces;
+    for (int k = 0; k < n; ++k) {
+      kiln::Generator gen(static_cast<uint64_t>(500 + 31 * n + k));
+      Tensor p = kiln::randn({1 + k % 3, 2, 5}, DType::Float32, gen);
+      if (k == n / 2) p = kiln::where(p > 0.5f, kiln::full({1}, NAN), p * -0.0f);
+      pieces.push_back(p);
+    }
+    std::vector<float> want;
+    {
+      kiln::test::ExecutorScope ref("reference");
+      want = kiln::concat(pieces, 0).to_vector<float>();
+    }
+    const std::vector<float> got = kiln::detail::concat_tree(pieces, 0).to_vector<float>();
+    REQUIRE(got.size() == want.size());
+    for (size_t i = 0; i < got.size(); ++i) {
+      INFO("element " << i);
+      CHECK(std::bit_cast<uint32_t>(got[i]) == std::bit_cast<uint32_t>(want[i]));
+    }
+  }
 }
 
 TEST_CASE("stack inserts a new axis", "[shape]") {

@@ -252,6 +252,22 @@ TEST_CASE("constant folding of fills", "[simplify]") {
   }
 }
 
+TEST_CASE("integer products with zero and sums of zeros fold; float products with zero stay",
+          "[simplify]") {
+  Outcome r = run_and_compare([](uint64_t s) {
+    Tensor i = ri({3, 4}, s, DType::Int64);
+    Tensor x = rn({3, 4}, s + 1);
+    return std::vector<Tensor>{
+        i * zeros({3, 4}, DType::Int64) + 1,      // 0 for every integer: folds, and so does + 1
+        sum(zeros({6, 7}), 1) + 2.0f,             // a sum of +0.0 is +0.0
+        x * broadcast_to(zeros({4}), {3, 4}),     // 0 * inf is NaN: stays
+        sum(full({2, 3}, -0.0f), 1)};             // -0.0 terms: stays (the empty sum is +0.0)
+  });
+  CHECK(r.folded == 4);
+  CHECK(count_op(r.schedule, OpCode::Mul) == 1);
+  CHECK(count_op(r.schedule, OpCode::ReindexReduce) == 1);
+}
+
 TEST_CASE("identities replace a node by its operand", "[simplify]") {
   SECTION("x*1, x/1, integer x+0 and x-0, float x-(+0) and x+(-0)") {
     Outcome r = run_and_compare([](uint64_t s) {
@@ -346,19 +362,55 @@ TEST_CASE("reindex rules", "[simplify]") {
     });
     CHECK(count_op(r.schedule, OpCode::Reindex) == 4);
   }
+  SECTION("a slice of a concat inside one piece reads that piece") {
+    Outcome r = run_and_compare([](uint64_t s) {
+      Tensor a = exp(rn({2, 3}, s)), b = exp(rn({4, 3}, s + 1)), c = exp(rn({1, 3}, s + 2));
+      Tensor joined = concat({a, b, c}, 0);  // [7, 3]
+      return std::vector<Tensor>{slice(joined, 0, 3, 5) + 1.0f,   // inside b
+                                 slice(joined, 0, 6, 7) + 1.0f,   // c
+                                 slice(joined, 0, 0, 2) * 2.0f};  // a
+    });
+    CHECK(count_op(r.schedule, OpCode::Where) == 0);
+    CHECK(count_op(r.schedule, OpCode::Reindex) == 2);  // slices of a and b; c is read whole
+  }
+  SECTION("a slice across pieces keeps its selects") {
+    Outcome r = run_and_compare([](uint64_t s) {
+      Tensor a = exp(rn({2, 3}, s)), b = exp(rn({4, 3}, s + 1));
+      return std::vector<Tensor>{slice(concat({a, b}, 0), 0, 1, 4) + 1.0f};
+    });
+    CHECK(count_op(r.schedule, OpCode::Where) == 1);
+  }
+  SECTION("the gradient of a stack's step is a slice of the stack's gradient") {
+    Outcome r = run_and_compare([](uint64_t s) {
+      std::vector<Tensor> steps;
+      std::vector<Tensor> pieces;
+      for (int t = 0; t < 11; ++t) {
+        steps.push_back(rn({2, 3}, s + t).requires_grad_());
+        pieces.push_back(unsqueeze(exp(steps.back()), 0));
+      }
+      Tensor y = kiln::detail::concat_tree(pieces, 0);
+      std::vector<Tensor> g = grad(sum(y * exp(rn({11, 2, 3}, s + 50))), steps);
+      for (Tensor& x : g) x = x + 1.0f;
+      return g;
+    });
+    CHECK(count_op(r.schedule, OpCode::Where) == 0);
+  }
   SECTION("reindex of a fill") {
     Outcome r = run_and_compare([](uint64_t s) {
       Tensor x = exp(rn({2, 3}, s));
       Tensor f = full({3}, 1.25f);
       Tensor z = full({3}, 0.0f);
       return std::vector<Tensor>{
-          x * broadcast_to(f, {2, 3}),      // in range: a fill of the new shape
-          pad(f, {{1, 1}}, 1.25f) + 1.0f,   // out of range, but fill == value
+          x * broadcast_to(f, {2, 3}),      // a broadcast fill stays a reindex (GEMM operands)
+          pad(f, {{1, 1}}, 1.25f) + 1.0f,   // out of range, but fill == value: folds
           pad(f, {{1, 1}}, 0.0f) + 1.0f,    // fill differs: stays
-          pad(z, {{1, 1}}, -0.0f) + 1.0f};  // 0.0 vs -0.0 differ in bits: stays
+          pad(z, {{1, 1}}, -0.0f) + 1.0f,   // 0.0 vs -0.0 differ in bits: stays
+          x * broadcast_to(full({3}, 1.0f), {2, 3}),  // seen through: x * 1 is x
+          slice(f, 0, 1, 3) * 2.0f};        // narrowing: a fill, and fill * 2 folds
     });
-    CHECK(r.folded == 3);  // the broadcast, the equal-fill pad, and that pad + 1
-    CHECK(count_op(r.schedule, OpCode::Reindex) == 2);
+    CHECK(r.folded == 3);  // that pad + 1, the slice, and the slice * 2
+    CHECK(r.identities == 1);
+    CHECK(count_op(r.schedule, OpCode::Reindex) == 3);
   }
 }
 

@@ -102,27 +102,36 @@ TEST_CASE("literals stay where they change the code: 0, 1, -1 and non-finite val
 
 namespace {
 
-// Steps of `train` at random sizes; nothing may compile once `warm` distinct sizes ran.
+// Steps of `step(batch, length)` at random sizes; nothing may compile once three distinct
+// shapes (the smallest, middle and largest of both ranges) ran.
+struct Sizes {
+  int64_t lo, hi;
+};
 void check_no_compiles_after_warmup(const std::string& what,
-                                    const std::function<void(int64_t)>& step, int64_t lo,
-                                    int64_t hi, uint64_t seed) {
+                                    const std::function<void(int64_t, int64_t)>& step, Sizes batch,
+                                    Sizes length, uint64_t seed) {
   std::mt19937_64 rng(seed);
-  std::vector<int64_t> warm = {lo, (lo + hi) / 2, hi};
-  for (int64_t n : warm) step(n);
-  step(warm[0]);  // a second step at a size sees the optimizer's state exist
+  auto pick = [&](Sizes r) {
+    return r.lo + static_cast<int64_t>(rng() % static_cast<uint64_t>(r.hi - r.lo + 1));
+  };
+  step(batch.lo, length.lo);
+  step((batch.lo + batch.hi) / 2, (length.lo + length.hi) / 2);
+  step(batch.hi, length.hi);
+  step(batch.lo, length.lo);  // a second step at a shape sees the optimizer's state exist
   const uint64_t before = kernels_loaded();
   for (int s = 0; s < 6; ++s) {
-    const int64_t n = lo + static_cast<int64_t>(rng() % static_cast<uint64_t>(hi - lo + 1));
-    INFO(what << " step at size " << n);
-    step(n);
+    const int64_t b = pick(batch), t = pick(length);
+    INFO(what << " step at batch " << b << ", length " << t);
+    step(b, t);
     CHECK(kernels_loaded() == before);
   }
 }
 
 }  // namespace
 
-TEST_CASE("training with a new batch size every step compiles nothing after the first sizes",
-          "[fusion][values][train]") {
+TEST_CASE(
+    "training with a new batch size and length every step compiles nothing after the first shapes",
+    "[fusion][values][train]") {
   manual_seed(21);
   SECTION("MLP with batch_norm and mse_loss") {
     auto model =
@@ -132,7 +141,7 @@ TEST_CASE("training with a new batch size every step compiles nothing after the 
     optim::SGD opt(model->parameters(), {.lr = 0.01, .momentum = 0.9});
     check_no_compiles_after_warmup(
         "mlp",
-        [&](int64_t batch) {
+        [&](int64_t batch, int64_t) {
           Tensor x = randn({batch, 12}), y = randn({batch, 4});
           opt.zero_grad();
           Tensor loss = nn::mse_loss(model->forward(x), y);
@@ -140,9 +149,11 @@ TEST_CASE("training with a new batch size every step compiles nothing after the 
           opt.step();
           REQUIRE(std::isfinite(loss.item<double>()));
         },
-        2, 40, 1);
+        {2, 40}, {1, 1}, 1);
   }
-  SECTION("LSTM over a new batch size every step") {
+  SECTION("LSTM over a new batch size and sequence length every step") {
+    // The whole output feeds the loss and the input wants its gradient, so the step joins
+    // T step outputs forward and T slices' gradients backward (detail::concat_tree).
     auto lstm = std::make_shared<nn::LSTM>(6, 16);
     auto head = std::make_shared<nn::Linear>(16, 3);
     std::vector<Tensor> params = lstm->parameters();
@@ -150,35 +161,34 @@ TEST_CASE("training with a new batch size every step compiles nothing after the 
     optim::Adam opt(params, {.lr = 0.01});
     check_no_compiles_after_warmup(
         "lstm",
-        [&](int64_t batch) {
-          // A new sequence length still compiles: the concat tree that joins the steps'
-          // gradients has a structure per length (docs/architecture.md, "Known limits").
-          const int64_t t = 5;
-          Tensor x = randn({t, batch, 6});
-          Tensor y = randint(0, 3, {batch});
+        [&](int64_t batch, int64_t t) {
+          Tensor x = randn({t, batch, 6}).requires_grad_();
+          Tensor y = randint(0, 3, {t * batch});
           opt.zero_grad();
           nn::LSTMOutput out = lstm->forward(x);
-          Tensor last = reshape(slice(out.output, 0, t - 1, t), {batch, 16});
-          Tensor loss = nn::cross_entropy(head->forward(last), y);
+          Tensor logits = head->forward(reshape(out.output, {t * batch, 16}));
+          Tensor loss = nn::cross_entropy(logits, y) + mean(square(out.h_n));
           loss.backward();
           opt.step();
           REQUIRE(std::isfinite(loss.item<double>()));
+          REQUIRE(std::isfinite(sum(x.grad()).item<double>()));
         },
-        2, 24, 2);
+        {2, 9}, {2, 24}, 2);
   }
-  SECTION("Transformer encoder layer over a new sequence length every step") {
+  SECTION("Transformer encoder layer over a new batch size and sequence length every step") {
+    // Batches from 2: a dimension of size 1 is a broadcast, a different kernel structure.
     auto layer = std::make_shared<nn::TransformerEncoderLayer>(16, 2, 32, 0.1);
     optim::AdamW opt(layer->parameters(), {.lr = 0.01});
     check_no_compiles_after_warmup(
         "transformer",
-        [&](int64_t s) {
-          Tensor x = randn({s, 3, 16});
+        [&](int64_t batch, int64_t s) {
+          Tensor x = randn({s, batch, 16});
           opt.zero_grad();
           Tensor loss = mean(square(layer->forward(x)));
           loss.backward();
           opt.step();
           REQUIRE(std::isfinite(loss.item<double>()));
         },
-        2, 20, 3);
+        {2, 5}, {2, 20}, 3);
   }
 }

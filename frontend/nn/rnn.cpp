@@ -23,15 +23,14 @@ using detail::describe;
 
 namespace {
 
-// Stacks the per-step outputs [B, H] into [T, B, H]. kiln joins tensors with a chain of
-// selects, one per piece, so a flat stack of T steps costs O(T) work per element forward and
-// T full-size gradient kernels backward. Joining halves recursively, each level stored,
-// costs O(log T) passes over the result in both directions.
-Tensor stack_steps(const std::vector<Tensor>& steps, size_t begin, size_t end) {
-  if (end - begin == 1) return unsqueeze(steps[begin], 0);
-  size_t mid = begin + (end - begin) / 2;
-  Tensor joined = concat({stack_steps(steps, begin, mid), stack_steps(steps, mid, end)}, 0);
-  return end - begin == steps.size() ? joined : detail::stored(joined);
+// Stacks the per-step outputs [B, H] into [T, B, H] through detail::concat_tree, whose kernels
+// are the same for every sequence length (a flat stack would be a chain of T selects: O(T)
+// work per element, and one kernel per length).
+Tensor stack_steps(const std::vector<Tensor>& steps) {
+  std::vector<Tensor> pieces;
+  pieces.reserve(steps.size());
+  for (const Tensor& s : steps) pieces.push_back(unsqueeze(s, 0));
+  return kiln::detail::concat_tree(pieces, 0);
 }
 
 }  // namespace
@@ -124,7 +123,9 @@ LSTMOutput LSTM::forward(const Tensor& input, const Tensor& h0_in, const Tensor&
       Tensor g = tanh(slice(gates, 1, 2 * hs, 3 * hs));
       Tensor o = sigmoid(slice(gates, 1, 3 * hs, 4 * hs));
       c = f * c + i * g;
-      h = o * tanh(c);
+      // Stored: the next step's product reads it anyway, and the last step's then joins
+      // the output like the others (one kind of piece for the join's kernels).
+      h = kiln::detail::store_hint(o * tanh(c));
       outputs.push_back(h);
     }
     h_last.push_back(h);
@@ -134,7 +135,7 @@ LSTMOutput LSTM::forward(const Tensor& input, const Tensor& h0_in, const Tensor&
     }
     inputs = std::move(outputs);
   }
-  x = stack_steps(inputs, 0, inputs.size());
+  x = stack_steps(inputs);
   LSTMOutput out{x, stack(h_last, 0), stack(c_last, 0)};
   if (unbatched) {
     out.output = squeeze(out.output, 1);
