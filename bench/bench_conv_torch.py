@@ -9,23 +9,11 @@ y = conv2d(x, w, b), y.backward(dy), which materializes dx, dw and db), plus one
 Shapes are given as N,C,H,W,O,k,stride,pad. Nothing here installs PyTorch.
 """
 import argparse
-import statistics
-import time
 
 import torch
 import torch.nn.functional as F
 
-
-def medians(fn, warmup, reps):
-    for _ in range(warmup):
-        fn()
-    walls, cpus = [], []
-    for _ in range(reps):
-        w0, c0 = time.perf_counter(), time.process_time()
-        fn()
-        walls.append((time.perf_counter() - w0) * 1e3)
-        cpus.append((time.process_time() - c0) * 1e3)
-    return statistics.median(walls), statistics.median(cpus)
+from torch_timing import median_ms  # bench/, the directory of this script
 
 
 def main():
@@ -64,7 +52,7 @@ def main():
         for backward, fn in ((0, forward), (1, step)):
             work = gflop * (3 if backward else 1)
             reps = max(3, args.reps // 2) if work > 6 else args.reps
-            wall, cpu = medians(fn, 1, reps)
+            wall, cpu = median_ms(fn, 1, reps)
             print(f"RESULT {index} {backward} {wall:.6f} {cpu:.6f}", flush=True)
 
 

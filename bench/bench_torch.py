@@ -9,22 +9,9 @@ workload names with every non-alphanumeric run replaced by '_'.
 Nothing here installs PyTorch.
 """
 import argparse
-import statistics
 import sys
-import time
 
-
-def median_ms(fn, warmup, reps):
-    """(wall, process CPU) medians in milliseconds."""
-    for _ in range(warmup):
-        fn()
-    walls, cpus = [], []
-    for _ in range(reps):
-        w0, c0 = time.perf_counter(), time.process_time()
-        fn()
-        walls.append((time.perf_counter() - w0) * 1e3)
-        cpus.append((time.process_time() - c0) * 1e3)
-    return statistics.median(walls), statistics.median(cpus)
+from torch_timing import median_ms  # bench/, the directory of this script
 
 
 def main():

@@ -17,26 +17,13 @@ installs PyTorch.
 import argparse
 import os
 import resource
-import statistics
 import sys
-import time
+
+from torch_timing import median_ms  # bench/, the directory of this script
 
 
 def peak_rss_bytes():
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-
-
-def median_step_ms(step, warmup, reps):
-    """(wall, process CPU) medians in milliseconds."""
-    for _ in range(warmup):
-        step()
-    walls, cpus = [], []
-    for _ in range(reps):
-        w0, c0 = time.perf_counter(), time.process_time()
-        step()
-        walls.append((time.perf_counter() - w0) * 1e3)
-        cpus.append((time.process_time() - c0) * 1e3)
-    return statistics.median(walls), statistics.median(cpus)
 
 
 def main():
@@ -137,7 +124,7 @@ def main():
         before = peak_rss_bytes()
         try:
             step = make()
-            ms, cpu = median_step_ms(step, warmup, args.reps)
+            ms, cpu = median_ms(step, warmup, args.reps)
         except Exception as exc:  # inductor without a C++ toolchain, an unsupported op...
             reason = " ".join(str(exc).split())[:160] or type(exc).__name__
             what = "torch.compile" if args.compile else "eager step"

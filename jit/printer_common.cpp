@@ -301,6 +301,21 @@ int max_param(const IndexExpr& e) {
 }
 }  // namespace
 
+std::vector<char> cone(const KernelIR& ir, int root) {
+  std::vector<char> need(ir.values.size(), 0);
+  std::vector<int> stack{root};
+  while (!stack.empty()) {
+    const int x = stack.back();
+    stack.pop_back();
+    if (need[static_cast<size_t>(x)]) continue;
+    need[static_cast<size_t>(x)] = 1;
+    const IrValue& v = ir.values[static_cast<size_t>(x)];
+    for (int a : v.args) stack.push_back(a);
+    if (v.guard >= 0) stack.push_back(v.guard);
+  }
+  return need;
+}
+
 bool mentions_var(const IndexExpr& e, int k) {
   if (e.kind() == IndexExpr::Kind::Var) return e.value() == k;
   if (e.kind() == IndexExpr::Kind::Const || e.kind() == IndexExpr::Kind::Param) return false;

@@ -6,6 +6,7 @@
 // that cannot be shared are parameters (Dialect).
 #include <functional>
 #include <string>
+#include <vector>
 
 #include "kernel_ir.h"
 
@@ -58,6 +59,10 @@ std::string cast_expr(DType from, DType to, const std::string& x);
 std::string identity_literal(const Dialect& d, ReduceOp op, DType dtype);
 /// `acc` combined with `x` by reduction `op`.
 std::string combine(ReduceOp op, const std::string& acc, const std::string& x);
+
+/// The values `root` depends on, itself included (Stage values have no operands: they name
+/// a row's total computed before): what one loop of a Rows kernel prints.
+std::vector<char> cone(const KernelIR& ir, int root);
 
 /// Whether `e` depends on domain var i<k>.
 bool mentions_var(const IndexExpr& e, int k);

@@ -278,23 +278,6 @@ std::vector<int> row_drawn_randoms(const KernelIR& ir, int k) {
   return ids;
 }
 
-// Values `root` depends on (itself included): what one loop of a Rows kernel prints. A
-// Stage value has no operands: it names a total of the row computed before.
-std::vector<char> cone(const KernelIR& ir, int root) {
-  std::vector<char> need(ir.values.size(), 0);
-  std::vector<int> stack{root};
-  while (!stack.empty()) {
-    const int x = stack.back();
-    stack.pop_back();
-    if (need[static_cast<size_t>(x)]) continue;
-    need[static_cast<size_t>(x)] = 1;
-    const IrValue& v = ir.values[static_cast<size_t>(x)];
-    for (int a : v.args) stack.push_back(a);
-    if (v.guard >= 0) stack.push_back(v.guard);
-  }
-  return need;
-}
-
 std::string cone_statements(const KernelIR& ir, int root, const std::string& indent) {
   ValuePrinter p(ir, kCppDialect);
   p.indent = indent;

@@ -197,17 +197,7 @@ struct CudaPrinter {
 
   // The statements of the values `root` depends on.
   std::string cone_values(int root, const std::string& indent) const {
-    std::vector<char> need(ir.values.size(), 0);
-    std::vector<int> stack{root};
-    while (!stack.empty()) {
-      const int x = stack.back();
-      stack.pop_back();
-      if (need[static_cast<size_t>(x)]) continue;
-      need[static_cast<size_t>(x)] = 1;
-      const IrValue& v = ir.values[static_cast<size_t>(x)];
-      for (int a : v.args) stack.push_back(a);
-      if (v.guard >= 0) stack.push_back(v.guard);
-    }
+    const std::vector<char> need = cone(ir, root);
     ValuePrinter p(ir, kCudaDialect);
     p.indent = indent;
     std::string s;

@@ -39,20 +39,32 @@ std::vector<double> reference_gemm(bool ta, bool tb, int64_t m, int64_t n, int64
   return c;
 }
 
+// One random product's layout: sizes (every eighth case up to `big`), transposes,
+// accumulation and leading dimensions with padding (kiln passes views of larger buffers).
+struct Layout {
+  int64_t m, n, k;
+  bool ta, tb, acc;
+  int64_t lda, ldb, ldc;
+};
+Layout random_layout(std::mt19937_64& rng, int t, int64_t big) {
+  const int64_t top = t % 8 == 7 ? big : 40;
+  Layout l{};
+  l.m = 1 + static_cast<int64_t>(rng() % static_cast<uint64_t>(top));
+  l.n = 1 + static_cast<int64_t>(rng() % static_cast<uint64_t>(top));
+  l.k = 1 + static_cast<int64_t>(rng() % static_cast<uint64_t>(top));
+  l.ta = rng() % 2, l.tb = rng() % 2, l.acc = rng() % 2;
+  l.lda = (l.ta ? l.m : l.k) + static_cast<int64_t>(rng() % 3);
+  l.ldb = (l.tb ? l.k : l.n) + static_cast<int64_t>(rng() % 3);
+  l.ldc = l.n + static_cast<int64_t>(rng() % 3);
+  return l;
+}
+
 template <typename T>
 void check_random_gemms(DType dtype, uint64_t seed, int cases, double tol) {
   std::mt19937_64 rng(seed);
   std::uniform_real_distribution<double> value(-1, 1);
   for (int t = 0; t < cases; ++t) {
-    const bool big = t % 8 == 7;
-    const int64_t m = 1 + static_cast<int64_t>(rng() % (big ? 300 : 40));
-    const int64_t n = 1 + static_cast<int64_t>(rng() % (big ? 300 : 40));
-    const int64_t k = 1 + static_cast<int64_t>(rng() % (big ? 300 : 40));
-    const bool ta = rng() % 2, tb = rng() % 2, acc = rng() % 2;
-    // Leading dimensions with padding: kiln passes views of larger buffers.
-    const int64_t lda = (ta ? m : k) + static_cast<int64_t>(rng() % 3);
-    const int64_t ldb = (tb ? k : n) + static_cast<int64_t>(rng() % 3);
-    const int64_t ldc = n + static_cast<int64_t>(rng() % 3);
+    const auto [m, n, k, ta, tb, acc, lda, ldb, ldc] = random_layout(rng, t, 300);
     std::vector<T> a(static_cast<size_t>((ta ? k : m) * lda)),
         b(static_cast<size_t>((tb ? n : k) * ldb)), c(static_cast<size_t>(m * ldc));
     for (auto* v : {&a, &b, &c})
@@ -83,14 +95,7 @@ void check_random_half_gemms(DType dtype, uint64_t seed, int cases) {
     return bf16 ? bfloat16_bits_to_float(h) : half_bits_to_float(h);
   };
   for (int t = 0; t < cases; ++t) {
-    const bool big = t % 8 == 7;
-    const int64_t m = 1 + static_cast<int64_t>(rng() % (big ? 200 : 40));
-    const int64_t n = 1 + static_cast<int64_t>(rng() % (big ? 200 : 40));
-    const int64_t k = 1 + static_cast<int64_t>(rng() % (big ? 200 : 40));
-    const bool ta = rng() % 2, tb = rng() % 2, acc = rng() % 2;
-    const int64_t lda = (ta ? m : k) + static_cast<int64_t>(rng() % 3);
-    const int64_t ldb = (tb ? k : n) + static_cast<int64_t>(rng() % 3);
-    const int64_t ldc = n + static_cast<int64_t>(rng() % 3);
+    const auto [m, n, k, ta, tb, acc, lda, ldb, ldc] = random_layout(rng, t, 200);
     std::vector<uint16_t> a(static_cast<size_t>((ta ? k : m) * lda)),
         b(static_cast<size_t>((tb ? n : k) * ldb));
     std::vector<float> c(static_cast<size_t>(m * ldc));

@@ -252,7 +252,7 @@ TEST_CASE("constant folding of fills", "[simplify]") {
   }
 }
 
-TEST_CASE("integer products with zero and sums of zeros fold; float products with zero stay",
+TEST_CASE("integer products with zero and sums of zeros fold, float products with zero stay",
           "[simplify]") {
   Outcome r = run_and_compare([](uint64_t s) {
     Tensor i = ri({3, 4}, s, DType::Int64);
