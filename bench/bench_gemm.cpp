@@ -140,6 +140,20 @@ int main(int argc, char** argv) {
   std::printf("bench_gemm: %d threads, compiler %s; %s\n", threads, compiler.c_str(),
               machine_line().c_str());
 
+  // kiln's rows first, every shape, before any peer runs in this process: after a call on
+  // a team of two (oneDNN's OpenMP, OpenBLAS's pool), the team's threads spin for a while,
+  // and a kiln row timed then shared its cores with them (a small product ran at one
+  // thread's speed: 0.166 ms for the LSTM step instead of 0.088).
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));  // see just above
+  std::vector<Times> kiln_times;
+  std::vector<jit::EvalStats> kiln_stats;
+  for (const Shape3& s : kShapes) {
+    Tensor a = (rand(s.ta ? Shape{s.k, s.m} : Shape{s.m, s.k}) - 0.5f).eval();
+    Tensor b = (rand({s.k, s.n}) - 0.5f).eval();
+    auto product = [&] { return matmul(s.ta ? transpose(a, 0, 1) : a, b); };
+    kiln_times.push_back(timed(2, reps_for(s, reps), [&] { product().eval(); }));
+    kiln_stats.push_back(jit::last_eval_stats());
+  }
   std::vector<Times> openblas = openblas_times(threads, reps);
   std::string openblas_label = "openblas(" + blas.kernels + ")";
   if (blas.library == "OpenBLAS" && blas.generic && right_openblas_core()) {
@@ -162,21 +176,6 @@ int main(int argc, char** argv) {
   std::string torch_note;
   const std::map<std::string, Times> torch = torch_times(threads, reps, torch_note);
 
-  // kiln's rows first, every shape, then oneDNN's: after a call on an OpenMP team of two,
-  // libgomp's threads spin for a while, and a kiln row timed right after one shared its
-  // cores with them (a small product ran at one thread's speed: 0.166 ms for the LSTM step
-  // instead of 0.095). torch and OpenBLAS already run in processes of their own.
-  // OpenBLAS's threads, used just above, also spin before they sleep: let them.
-  std::this_thread::sleep_for(std::chrono::seconds(1));
-  std::vector<Times> kiln_times;
-  std::vector<jit::EvalStats> kiln_stats;
-  for (const Shape3& s : kShapes) {
-    Tensor a = (rand(s.ta ? Shape{s.k, s.m} : Shape{s.m, s.k}) - 0.5f).eval();
-    Tensor b = (rand({s.k, s.n}) - 0.5f).eval();
-    auto product = [&] { return matmul(s.ta ? transpose(a, 0, 1) : a, b); };
-    kiln_times.push_back(timed(2, reps_for(s, reps), [&] { product().eval(); }));
-    kiln_stats.push_back(jit::last_eval_stats());
-  }
   for (size_t i = 0; i < std::size(kShapes); ++i) {
     const Shape3& s = kShapes[i];
     Tensor a = (rand(s.ta ? Shape{s.k, s.m} : Shape{s.m, s.k}) - 0.5f).eval();
