@@ -7,6 +7,7 @@
 #include "../jit/kernel_cache.h"
 #include "../memory/memory.h"
 #include "../ops/ops.h"
+#include "amp.h"
 #include "checkpoint.h"
 #include "data.h"
 #include "lr_scheduler.h"
