@@ -146,6 +146,19 @@ StateDict Optimizer::state_dict() const {
   return out;
 }
 
+void Optimizer::update_through_master(
+    const Tensor& param, const Tensor& grad, ParamState& s, bool master,
+    const std::function<void(const Tensor&, const Tensor&)>& update) {
+  const bool half = param.dtype() == DType::Float16 || param.dtype() == DType::BFloat16;
+  if (!master || !half) return update(param, grad);
+  auto [it, fresh] = s.tensors.try_emplace("master");
+  if (fresh || !it->second.defined()) it->second = own_handle(cast(param, DType::Float32));
+  Tensor weights = it->second;
+  update(weights, cast(grad, DType::Float32));
+  Tensor p = param;
+  p.assign(cast(weights, param.dtype()));
+}
+
 void Optimizer::load_state_dict(const StateDict& dict) {
   const std::string where = tag() + "load_state_dict: ";
   std::vector<Tensor> flat = parameters();
@@ -192,16 +205,22 @@ void Optimizer::load_state_dict(const StateDict& dict) {
       }
       next[*index].step = value.item<int64_t>();
     } else {
+      // With master weights a half parameter's state is float32 and includes its master.
+      const bool mastered = master_weights(group_of[*index]) &&
+                            (p.dtype() == DType::Float16 || p.dtype() == DType::BFloat16);
       std::vector<std::string> names = state_names(group_of[*index]);
+      if (mastered) names.push_back("master");
       if (std::find(names.begin(), names.end(), field) == names.end()) {
         throw ValueError(where + "entry '" + key + "' is not state of this optimizer's group " +
                          std::to_string(group_of[*index]));
       }
-      if (value.shape() != p.shape() || value.dtype() != p.dtype()) {
+      const DType want = mastered ? DType::Float32 : p.dtype();
+      if (value.shape() != p.shape() || value.dtype() != want) {
         throw ShapeError(where + "entry '" + key + "' is " +
                          std::string(dtype_name(value.dtype())) + shape_str(value.shape()) +
                          " but parameter " + std::to_string(*index) + " is " +
-                         std::string(dtype_name(p.dtype())) + shape_str(p.shape()));
+                         std::string(dtype_name(p.dtype())) + shape_str(p.shape()) +
+                         (mastered ? " (its state is float32: master weights)" : ""));
       }
       next[*index].tensors[field] = own_handle(value);
     }
@@ -211,6 +230,10 @@ void Optimizer::load_state_dict(const StateDict& dict) {
     if (present[i].empty()) continue;
     std::vector<std::string> names = state_names(group_of[i]);
     names.push_back("step");
+    const Tensor& pi = flat[i];
+    if (master_weights(group_of[i]) &&
+        (pi.dtype() == DType::Float16 || pi.dtype() == DType::BFloat16))
+      names.push_back("master");
     for (const std::string& name : names) {
       if (!present[i].count(name)) {
         throw ValueError(where + "parameter " + std::to_string(i) + " has state but no 'state." +

@@ -9,6 +9,7 @@
 // training loop compiles its kernels once.
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
@@ -78,6 +79,13 @@ class Optimizer {
   virtual std::vector<std::string> state_names(size_t group) const = 0;
   /// "[name] " for messages.
   std::string tag() const { return "[" + name_ + "] "; }
+  /// Whether `group` keeps float32 master weights of its half parameters.
+  virtual bool master_weights(size_t /*group*/) const { return false; }
+  /// Runs `update(param, grad)` on the parameter itself, or, with master weights and a half
+  /// parameter, on its float32 master copy (made on the first step) with the gradient in
+  /// float32, then rounds the master into the parameter.
+  void update_through_master(const Tensor& param, const Tensor& grad, ParamState& s, bool master,
+                             const std::function<void(const Tensor&, const Tensor&)>& update);
 
  private:
   std::string name_;
@@ -102,6 +110,7 @@ class OptimizerWithOptions : public Optimizer {
   const Options& options(size_t group) const { return options_.at(group); }
   double lr(size_t group) const override { return options_.at(group).lr; }
   void set_lr(size_t group, double lr) override { options_.at(group).lr = lr; }
+  bool master_weights(size_t group) const override { return options_.at(group).master_weights; }
 
  protected:
   using Optimizer::Optimizer;
@@ -119,7 +128,10 @@ class OptimizerWithOptions : public Optimizer {
       const std::vector<Tensor>& ps = params(g);
       for (size_t k = 0; k < ps.size(); ++k) {
         Tensor grad = ps[k].grad();
-        if (grad.defined()) update(ps[k], grad, state(first_index(g) + k), o);
+        if (!grad.defined()) continue;
+        ParamState& s = state(first_index(g) + k);
+        update_through_master(ps[k], grad, s, o.master_weights,
+                              [&](const Tensor& p, const Tensor& d) { update(p, d, s, o); });
       }
     }
   }
@@ -137,6 +149,10 @@ struct SGDOptions {
   double weight_decay = 0;
   /// Nesterov momentum; needs momentum > 0 and dampening == 0.
   bool nesterov = false;
+  /// float16/bfloat16 parameters are updated through a float32 master copy (state
+  /// "master"), with float32 state, and take its rounded value after each step (O2 training:
+  /// updates smaller than a half's precision are not lost).
+  bool master_weights = false;
 };
 
 /// Stochastic gradient descent, exactly torch.optim.SGD: d = g + wd*p; with momentum the
@@ -161,6 +177,10 @@ struct AdamOptions {
   double weight_decay = 0;
   /// Keep the running maximum of the second moment (Reddi et al., AMSGrad).
   bool amsgrad = false;
+  /// float16/bfloat16 parameters are updated through a float32 master copy (state
+  /// "master"), with float32 state, and take its rounded value after each step (O2 training:
+  /// updates smaller than a half's precision are not lost).
+  bool master_weights = false;
 };
 
 /// torch.optim.AdamW's hyperparameters: Adam's, with a default decoupled decay of 0.01.
@@ -170,6 +190,10 @@ struct AdamWOptions {
   double eps = 1e-8;
   double weight_decay = 1e-2;
   bool amsgrad = false;
+  /// float16/bfloat16 parameters are updated through a float32 master copy (state
+  /// "master"), with float32 state, and take its rounded value after each step (O2 training:
+  /// updates smaller than a half's precision are not lost).
+  bool master_weights = false;
 };
 
 /// Adam (Kingma & Ba) with torch.optim.Adam's bias correction: m = lerp(m, g, 1 - b1),

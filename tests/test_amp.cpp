@@ -161,3 +161,80 @@ TEST_CASE("a linear layer under autocast is one bfloat16 GEMM and no widening ke
   // GEMM reads the bfloat16 copies, never widened float32 ones.
   CHECK(s.kernels - s.library_calls <= 3);
 }
+
+TEST_CASE("O2: a bfloat16 model keeps its norms in float32 and trains through float32 masters",
+          "[amp][optim][train]") {
+  auto make = [] {
+    manual_seed(9);
+    return std::make_shared<nn::Sequential>(std::initializer_list<std::shared_ptr<nn::UnaryModule>>{
+        std::make_shared<nn::Linear>(8, 16), std::make_shared<nn::LayerNorm>(16),
+        std::make_shared<nn::ReLU>(), std::make_shared<nn::Linear>(16, 4)});
+  };
+  auto half_model = make();
+  half_model->to(DType::BFloat16);
+  for (const auto& [name, p] : half_model->named_parameters()) {
+    INFO(name);
+    // The LayerNorm (child 1) stays float32; the linear layers are bfloat16.
+    CHECK(p.dtype() == (name.rfind("1.", 0) == 0 ? DType::Float32 : DType::BFloat16));
+  }
+  auto train = [](const std::shared_ptr<nn::Sequential>& model, DType input, bool master, double lr,
+                  int steps) {
+    optim::AdamW opt(model->parameters(), {.lr = lr, .master_weights = master});
+    manual_seed(10);
+    Tensor x = cast(randn({32, 8}), input), y = randint(0, 4, {32});
+    std::vector<double> losses;
+    for (int s = 0; s < steps; ++s) {
+      opt.zero_grad();
+      Tensor out = model->forward(x);
+      CHECK(out.dtype() == input);  // the norm's output is back in the model's dtype
+      Tensor loss = nn::cross_entropy(cast(out, DType::Float32), y);
+      loss.backward();
+      opt.step();
+      losses.push_back(loss.item<double>());
+    }
+    return std::make_pair(losses, opt.state_dict());
+  };
+  auto fp32_model = make();
+  const auto [fp32_losses, fp32_state] = train(fp32_model, DType::Float32, false, 1e-2, 20);
+  const auto [o2_losses, o2_state] = train(half_model, DType::BFloat16, true, 1e-2, 20);
+  CHECK(o2_losses.back() < o2_losses.front() * 0.8);
+  for (size_t s = 0; s < o2_losses.size(); ++s)
+    CHECK(std::abs(o2_losses[s] - fp32_losses[s]) <= 0.05 * (1 + fp32_losses[s]));
+  // Parameters stay bfloat16; each has a float32 master, and the optimizer state is float32.
+  for (const Tensor& p : half_model->parameters())
+    CHECK((p.dtype() == DType::BFloat16 || p.dtype() == DType::Float32));
+  int masters = 0;
+  for (const auto& [key, t] : o2_state) {
+    if (key.find(".master") != std::string::npos) ++masters;
+    if (key.find(".exp_avg") != std::string::npos) CHECK(t.dtype() == DType::Float32);
+  }
+  CHECK(masters == 4);  // two bfloat16 linear layers: weight and bias each
+  // The state loads back into an optimizer with master weights, and not into one without.
+  optim::AdamW again(half_model->parameters(), {.lr = 1e-2, .master_weights = true});
+  again.load_state_dict(o2_state);
+  optim::AdamW plain(half_model->parameters(), {.lr = 1e-2});
+  CHECK_THROWS_AS(plain.load_state_dict(o2_state), Error);
+}
+
+TEST_CASE("master weights keep updates smaller than a bfloat16 parameter's precision",
+          "[amp][optim]") {
+  // w = 1 in bfloat16 has a spacing of 2^-7: SGD steps of 1e-3 vanish when applied to the
+  // parameter itself, and add up in a float32 master copy.
+  for (bool master : {false, true}) {
+    INFO("master weights " << master);
+    Tensor w = full({4}, 1.0, DType::BFloat16);
+    w.requires_grad_(true);
+    optim::SGD opt({w}, {.lr = 1e-3, .master_weights = master});
+    for (int s = 0; s < 20; ++s) {
+      opt.zero_grad();
+      sum(cast(w, DType::Float32)).backward();  // gradient 1 everywhere
+      opt.step();
+    }
+    CHECK(w.dtype() == DType::BFloat16);
+    const double got = w.to_vector<double>()[0];
+    if (master)
+      CHECK(std::abs(got - 0.98) <= 1.0 / 128);  // 1 - 20 * 1e-3, rounded to bfloat16
+    else
+      CHECK(got == 1.0);
+  }
+}

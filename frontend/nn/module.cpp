@@ -212,8 +212,22 @@ void Module::replace_all(const std::function<bool(const Tensor&)>& wanted,
 }
 
 void Module::to(DType dtype) {
-  replace_all([&](const Tensor& t) { return is_floating(t.dtype()) && t.dtype() != dtype; },
-              [&](const Tensor& t) { return cast(t, dtype); }, false);
+  std::unordered_set<const Node*> kept;  // the norm layers' tensors, in a half model
+  if (dtype == DType::Float16 || dtype == DType::BFloat16) {
+    std::vector<std::pair<std::string, std::shared_ptr<Module>>> all = named_modules();
+    std::vector<const Module*> modules{this};
+    for (const auto& [_, m] : all) modules.push_back(m.get());
+    for (const Module* m : modules) {
+      if (!m->stays_float32()) continue;
+      for (const Tensor& t : m->parameters(false)) kept.insert(t.node().get());
+      for (const Tensor& t : m->buffers(false)) kept.insert(t.node().get());
+    }
+  }
+  replace_all(
+      [&](const Tensor& t) {
+        return is_floating(t.dtype()) && t.dtype() != dtype && !kept.count(t.node().get());
+      },
+      [&](const Tensor& t) { return cast(t, dtype); }, false);
 }
 
 void Module::to(Device device) {

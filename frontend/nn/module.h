@@ -70,7 +70,11 @@ class Module {
   void load_state_dict(const StateDict& dict, bool strict = true);
 
   /// Casts every floating parameter and buffer to `dtype` (integer buffers keep theirs).
+  /// To float16/bfloat16, modules whose stays_float32() is true (the norm layers) keep
+  /// float32: their statistics need its range, and they take half inputs (O2 training).
   void to(DType dtype);
+  /// True for layers that keep float32 parameters in a half model (BatchNorm, LayerNorm).
+  virtual bool stays_float32() const { return false; }
   /// Moves every parameter and buffer to `device` (gradients are dropped, as the values are
   /// new tensors there); tied tensors stay tied.
   void to(Device device);

@@ -36,8 +36,19 @@ BatchNorm::BatchNorm(std::string name, int64_t features, double eps_, double mom
   }
 }
 
-Tensor BatchNorm::forward(const Tensor& x) {
-  detail::require_defined(x, name(), "input");
+namespace {
+
+bool is_half(DType t) { return t == DType::Float16 || t == DType::BFloat16; }
+
+}  // namespace
+
+Tensor BatchNorm::forward(const Tensor& x_in) {
+  detail::require_defined(x_in, name(), "input");
+  const DType stats = affine                ? weight.dtype()
+                      : track_running_stats ? running_mean.dtype()
+                                            : x_in.dtype();
+  const bool widened = is_half(x_in.dtype()) && stats == DType::Float32;
+  const Tensor x = widened ? cast(x_in, DType::Float32) : x_in;
   if (x.ndim() < min_rank_ || x.ndim() > max_rank_ || x.size(1) != num_features) {
     std::string want = min_rank_ == max_rank_
                            ? "[N, " + std::to_string(num_features) + ", H, W]"
@@ -57,8 +68,9 @@ Tensor BatchNorm::forward(const Tensor& x) {
   }
   // Without running statistics (untracked) even eval mode normalises by the batch; in
   // training the functional updates the running statistics through assign().
-  return F::batch_norm(x, running_mean, running_var, weight, bias,
-                       is_training() || !track_running_stats, momentum, eps);
+  Tensor y = F::batch_norm(x, running_mean, running_var, weight, bias,
+                           is_training() || !track_running_stats, momentum, eps);
+  return widened ? cast(y, x_in.dtype()) : y;
 }
 
 std::string BatchNorm::extra_repr() const {
@@ -82,8 +94,11 @@ LayerNorm::LayerNorm(Shape shape, double eps_, bool affine, bool with_bias)
   }
 }
 
-Tensor LayerNorm::forward(const Tensor& x) {
-  detail::require_defined(x, name(), "input");
+Tensor LayerNorm::forward(const Tensor& x_in) {
+  detail::require_defined(x_in, name(), "input");
+  const bool widened =
+      weight.defined() && is_half(x_in.dtype()) && weight.dtype() == DType::Float32;
+  const Tensor x = widened ? cast(x_in, DType::Float32) : x_in;
   const auto k = static_cast<int64_t>(normalized_shape.size());
   bool fits = x.ndim() >= k;
   for (int64_t d = 0; fits && d < k; ++d) fits = x.shape()[x.ndim() - k + d] == normalized_shape[d];
@@ -95,7 +110,8 @@ Tensor LayerNorm::forward(const Tensor& x) {
     throw DTypeError("[LayerNorm] expected a floating-point input, got " + describe(x));
   }
   if (weight.defined()) detail::require_layer_input(x, name(), weight.dtype());
-  return F::layer_norm(x, normalized_shape, weight, bias, eps);
+  Tensor y = F::layer_norm(x, normalized_shape, weight, bias, eps);
+  return widened ? cast(y, x_in.dtype()) : y;
 }
 
 std::string LayerNorm::extra_repr() const {

@@ -14,7 +14,10 @@ namespace kiln::nn {
 /// num_batches_tracked (int64 scalar); parameters weight (ones) and bias (zeros).
 class BatchNorm : public UnaryModule {
  public:
+  /// A float16/bfloat16 input of float32 statistics is normalised in float32 and returned
+  /// in its own dtype (a half model keeps its norms in float32, Module::to).
   Tensor forward(const Tensor& x) override;
+  bool stays_float32() const override { return true; }
   std::string extra_repr() const override;
 
   const int64_t num_features;
@@ -56,7 +59,10 @@ class LayerNorm : public UnaryModule {
   /// LayerNorm over a last dimension of size `normalized_dim` with the default settings
   /// (one argument only, so that LayerNorm({2, 3}) stays unambiguous).
   explicit LayerNorm(int64_t normalized_dim) : LayerNorm(Shape{normalized_dim}) {}
+  /// A float16/bfloat16 input of float32 parameters is normalised in float32 and returned in
+  /// its own dtype (a half model keeps its norms in float32, Module::to).
   Tensor forward(const Tensor& x) override;
+  bool stays_float32() const override { return true; }
   std::string extra_repr() const override;
 
   const Shape normalized_shape;
