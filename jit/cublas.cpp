@@ -115,6 +115,22 @@ Handle handle_for(Library& l, int device) {
   return h;
 }
 
+int data_type(DType dtype) {
+  switch (dtype) {
+    case DType::Float32:
+      return kR32F;
+    case DType::Float16:
+      return kR16F;
+    case DType::BFloat16:
+      return kR16BF;
+    case DType::Float64:
+      return kR64F;
+    default:
+      throw DTypeError("[cublas_gemm] dtype " + std::string(dtype_name(dtype)) +
+                       " is not supported; expected float32, float16, bfloat16 or float64");
+  }
+}
+
 int as_int(int64_t v, const char* what) {
   if (v < 0 || v > INT_MAX) {
     throw ValueError("[cublas_gemm] " + std::string(what) + " = " + std::to_string(v) +
@@ -132,25 +148,16 @@ std::string cublas_status() { return library().status; }
 void cublas_gemm(int device, DType dtype, bool trans_a, bool trans_b, int64_t m, int64_t n,
                  int64_t k, const void* a, int64_t lda, int64_t stride_a, const void* b,
                  int64_t ldb, int64_t stride_b, void* c, int64_t ldc, int64_t stride_c,
-                 int64_t batch, float alpha, float beta) {
-  int type = 0;
-  switch (dtype) {
-    case DType::Float32:
-      type = kR32F;
-      break;
-    case DType::Float16:
-      type = kR16F;
-      break;
-    case DType::BFloat16:
-      type = kR16BF;
-      break;
-    case DType::Float64:
-      type = kR64F;
-      break;
-    default:
-      throw DTypeError("[cublas_gemm] dtype " + std::string(dtype_name(dtype)) +
-                       " is not supported; expected float32, float16, bfloat16 or float64");
+                 int64_t batch, float alpha, float beta, std::optional<DType> c_dtype) {
+  const int type = data_type(dtype);
+  const DType out = c_dtype.value_or(dtype);
+  const bool half_in = dtype == DType::Float16 || dtype == DType::BFloat16;
+  if (out != dtype && !(half_in && out == DType::Float32)) {
+    throw DTypeError("[cublas_gemm] a " + std::string(dtype_name(dtype)) +
+                     " product cannot write a " + std::string(dtype_name(out)) +
+                     " result; expected the operands' dtype, or float32 for float16/bfloat16");
   }
+  const int c_type = data_type(out);
   const int im = as_int(m, "m"), in = as_int(n, "n"), ik = as_int(k, "k");
   const int ilda = as_int(lda, "lda"), ildb = as_int(ldb, "ldb"), ildc = as_int(ldc, "ldc");
   const int ibatch = as_int(batch, "batch");
@@ -174,7 +181,7 @@ void cublas_gemm(int device, DType dtype, bool trans_a, bool trans_b, int64_t m,
   cuda::set_current(device);
   Handle h = handle_for(l, device);
   Status s = l.gemm(h, op_first, op_second, in, im, ik, alpha_ptr, b, type, ildb, stride_b, a, type,
-                    ilda, stride_a, beta_ptr, c, type, ildc, stride_c, ibatch,
+                    ilda, stride_a, beta_ptr, c, c_type, ildc, stride_c, ibatch,
                     f64 ? kCompute64F : kCompute32F, kGemmDefault);
   if (s != kSuccess) {
     throw DeviceError("[cublas_gemm] cublasGemmStridedBatchedEx failed for " +

@@ -355,9 +355,10 @@ bool match_gemm(Node* r, const std::function<bool(Node*)>& single_use, GemmMatch
   match->absorbed = {p, ra, rb};
   match->a = ra->inputs[0].get();
   match->b = rb->inputs[0].get();
-  // A half-precision matmul reads its operands widened to float32 (ops/linalg.cpp). On the
-  // CPU the library reads the halves themselves and accumulates in float32 (jit/blas.h), so
-  // no widened copy of either operand is made.
+  // A half-precision matmul reads its operands widened to float32 (ops/linalg.cpp). The
+  // library reads the halves themselves and accumulates in float32 (jit/blas.h on the CPU,
+  // cublasGemmEx's half inputs with a float32 result on CUDA), so no widened copy of either
+  // operand is made.
   auto widened_half = [](Node* x) -> Node* {
     if (x->is_evaluated() || x->op != OpCode::Cast || x->dtype != DType::Float32) return nullptr;
     Node* h = x->inputs[0].get();
@@ -365,8 +366,8 @@ bool match_gemm(Node* r, const std::function<bool(Node*)>& single_use, GemmMatch
   };
   Node* ha = widened_half(match->a);
   Node* hb = widened_half(match->b);
-  if (!r->device.is_cuda() && r->dtype == DType::Float32 && ha && hb && ha->dtype == hb->dtype &&
-      cpu_gemm_available(ha->dtype)) {
+  if (r->dtype == DType::Float32 && ha && hb && ha->dtype == hb->dtype &&
+      (r->device.is_cuda() || cpu_gemm_available(ha->dtype))) {
     for (Node* cast : {match->a, match->b})
       if (single_use(cast) &&
           std::find(match->absorbed.begin(), match->absorbed.end(), cast) == match->absorbed.end())
@@ -457,6 +458,9 @@ void run_gemm_cuda(const GemmMatch& g, Node& out, GemmLayout& L) {
   const int device = out.device.index;
   cuda::set_current(device);
   const auto elem = static_cast<int64_t>(itemsize(out.dtype));
+  // Operands may be halves read as they are (match_gemm); the result is float32 then.
+  const DType operands = g.a->dtype;
+  const auto elem_ab = static_cast<int64_t>(itemsize(operands));
   const auto [left, right, base_a, base_b] = operands_of(g, L);
   Buffer::Use use_a(*left->buffer, false), use_b(*right->buffer, false);
   auto buffer = std::make_shared<Buffer>(out.nbytes(), out.device);
@@ -469,9 +473,9 @@ void run_gemm_cuda(const GemmMatch& g, Node& out, GemmLayout& L) {
   if (L.m > 0 && L.n > 0 && L.k > 0) {
     auto call = [&](int64_t oa, int64_t ob, int64_t oc, int64_t batch, int64_t sa, int64_t sb,
                     int64_t sc, bool acc) {
-      cublas_gemm(device, out.dtype, L.a.trans, L.b.trans, L.m, L.n, L.k, a + oa * elem, L.a.ld, sa,
-                  b + ob * elem, L.b.ld, sb, c + oc * elem, L.ldc, sc, batch, 1.0f,
-                  acc ? 1.0f : 0.0f);
+      cublas_gemm(device, operands, L.a.trans, L.b.trans, L.m, L.n, L.k, a + oa * elem_ab, L.a.ld,
+                  sa, b + ob * elem_ab, L.b.ld, sb, c + oc * elem, L.ldc, sc, batch, 1.0f,
+                  acc ? 1.0f : 0.0f, out.dtype);
     };
     if (L.batches.size() == 1 && !L.batches[0].summed) {
       const auto& bt = L.batches[0];

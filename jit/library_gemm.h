@@ -1,7 +1,8 @@
 #pragma once
 // Library GEMM: recognises the matmul composition (reindex both operands into
 // [batch..., m, k, n], multiply, sum over k) and runs it on the BLAS instead of generated
-// code. The composition stays the reference; only float32/float64 take this path.
+// code. The composition stays the reference; float32/float64 products take this path, and
+// a float32 product of widened float16/bfloat16 operands reads the halves themselves.
 #include <functional>
 #include <vector>
 

@@ -16,6 +16,7 @@
 #include <nlohmann/json.hpp>
 #include <random>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "core/allocator.h"
@@ -306,8 +307,9 @@ TEST_CASE("cuda memory: under a small limit buffers move to host memory and come
 namespace {
 
 // Row-major GEMM through cuBLAS against a float64 host reference on the same (rounded)
-// inputs, with trans flags, padded leading dimensions and a batch.
-template <typename T>
+// inputs, with trans flags, padded leading dimensions and a batch. C is the result's type: T,
+// or float for half operands (mixed precision, the result not rounded to half).
+template <typename T, typename C = T>
 void check_gemm(kiln::DType dtype, bool trans_a, bool trans_b, double tolerance) {
   const int64_t m = 37, n = 45, k = 29, batch = 3;
   const int64_t a_rows = trans_a ? k : m, a_cols = trans_a ? m : k;
@@ -316,22 +318,23 @@ void check_gemm(kiln::DType dtype, bool trans_a, bool trans_b, double tolerance)
   const int64_t sa = a_rows * lda, sb = b_rows * ldb, sc = m * ldc;
   std::mt19937 rng(static_cast<uint32_t>(trans_a * 2 + trans_b));
   std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
-  std::vector<T> a(static_cast<size_t>(sa * batch)), b(static_cast<size_t>(sb * batch)),
-      c(static_cast<size_t>(sc * batch));
+  std::vector<T> a(static_cast<size_t>(sa * batch)), b(static_cast<size_t>(sb * batch));
+  std::vector<C> c(static_cast<size_t>(sc * batch));
   for (auto& x : a) x = T(dist(rng));
   for (auto& x : b) x = T(dist(rng));
-  for (auto& x : c) x = T(dist(rng));
+  for (auto& x : c) x = C(dist(rng));
   const float alpha = 1.5f, beta = 0.5f;
 
-  auto upload = [](const std::vector<T>& host) {
-    auto buffer = std::make_unique<Buffer>(host.size() * sizeof(T), Device::cuda(0));
+  auto upload = [](const auto& host) {
+    auto buffer = std::make_unique<Buffer>(host.size() * sizeof(host[0]), Device::cuda(0));
     cuda::copy_host_to_device(0, buffer->data(), host.data(), buffer->bytes());
     return buffer;
   };
   auto da = upload(a), db = upload(b), dc = upload(c);
   kiln::jit::cublas_gemm(0, dtype, trans_a, trans_b, m, n, k, da->data(), lda, sa, db->data(), ldb,
-                         sb, dc->data(), ldc, sc, batch, alpha, beta);
-  std::vector<T> out(c.size());
+                         sb, dc->data(), ldc, sc, batch, alpha, beta,
+                         std::is_same_v<C, float> ? kiln::DType::Float32 : dtype);
+  std::vector<C> out(c.size());
   cuda::copy_device_to_host(0, out.data(), dc->data(), dc->bytes());
 
   double worst = 0.0;
@@ -377,8 +380,15 @@ TEST_CASE("cublas: strided batched GEMM matches a float64 reference", "[cuda][cu
       check_gemm<double>(kiln::DType::Float64, ta, tb, 1e-12);
       check_gemm<kiln::Half>(kiln::DType::Float16, ta, tb, 2e-3);
       check_gemm<kiln::BFloat16>(kiln::DType::BFloat16, ta, tb, 1.5e-2);
+      // Half operands, float32 result (autocast's products): only the operands are rounded.
+      check_gemm<kiln::Half, float>(kiln::DType::Float16, ta, tb, 1e-5);
+      check_gemm<kiln::BFloat16, float>(kiln::DType::BFloat16, ta, tb, 1e-5);
     }
   }
+  CHECK_THROWS_AS(
+      kiln::jit::cublas_gemm(0, kiln::DType::Float32, false, false, 2, 2, 2, nullptr, 2, 4, nullptr,
+                             2, 4, nullptr, 2, 4, 1, 1.0f, 0.0f, kiln::DType::Float16),
+      kiln::DTypeError);
   CHECK_THROWS_AS(kiln::jit::cublas_gemm(0, kiln::DType::Int32, false, false, 2, 2, 2, nullptr, 2,
                                          4, nullptr, 2, 4, nullptr, 2, 4, 1, 1.0f, 0.0f),
                   kiln::DTypeError);
