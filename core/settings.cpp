@@ -50,6 +50,8 @@ const std::vector<Variable> kVariables = {
      "no library GEMM: matmuls become generated reductions", W::PerProcess},
     {"KILN_DISABLE_ACCUMULATE", "1/true/on/yes or 0/false/off/no",
      "no in-place gradient accumulation", W::PerProcess},
+    {"KILN_DISABLE_ROUNDING", "1/true/on/yes or 0/false/off/no",
+     "half GEMMs store a float32 product and round it in a kernel of its own", W::PerProcess},
     {"KILN_DISABLE_ROWS", "1/true/on/yes or 0/false/off/no",
      "every reduction in a kernel of its own (no row stages inside its consumer's kernel)",
      W::PerProcess},

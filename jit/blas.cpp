@@ -121,21 +121,24 @@ dnnl_engine_t dnnl_cpu_engine() {
 }
 
 using MatmulKey =
-    std::tuple<int, bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, bool>;
+    std::tuple<int, bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, bool, bool>;
 struct Matmul {
   dnnl_primitive_t primitive = nullptr;
   dnnl_memory_desc_t a, b, c;
+  dnnl_memory_desc_t scratchpad;  // what one execution needs; each thread brings its own
 };
 
 dnnl_data_type_t dnnl_type(DType t) { return t == DType::BFloat16 ? dnnl_bf16 : dnnl_f16; }
 
 // The primitive for one layout, or nullptr where oneDNN has no implementation (f16 before
-// AVX512-FP16, bf16 before AVX-512): the caller then converts to float32.
+// AVX512-FP16, bf16 before AVX-512): the caller then converts to float32. `half_result`:
+// the destination is `dtype` (oneDNN rounds its float32 sums once as it stores them).
 const Matmul* matmul_for(DType dtype, bool ta, bool tb, int64_t m, int64_t n, int64_t k,
-                         int64_t lda, int64_t ldb, int64_t ldc, bool accumulate) {
+                         int64_t lda, int64_t ldb, int64_t ldc, bool accumulate, bool half_result) {
   static std::mutex mutex;
   static std::map<MatmulKey, Matmul> cache;
-  const MatmulKey key{static_cast<int>(dtype), ta, tb, m, n, k, lda, ldb, ldc, accumulate};
+  const MatmulKey key{
+      static_cast<int>(dtype), ta, tb, m, n, k, lda, ldb, ldc, accumulate, half_result};
   std::lock_guard lock(mutex);
   if (auto it = cache.find(key); it != cache.end())
     return it->second.primitive ? &it->second : nullptr;
@@ -154,12 +157,19 @@ const Matmul* matmul_for(DType dtype, bool ta, bool tb, int64_t m, int64_t n, in
   bool ok = dnnl_cpu_engine() != nullptr &&
             dnnl_memory_desc_init_by_strides(&mm.a, 2, a_dims, t, a_strides) == dnnl_success &&
             dnnl_memory_desc_init_by_strides(&mm.b, 2, b_dims, t, b_strides) == dnnl_success &&
-            dnnl_memory_desc_init_by_strides(&mm.c, 2, c_dims, dnnl_f32, c_strides) == dnnl_success;
+            dnnl_memory_desc_init_by_strides(&mm.c, 2, c_dims, half_result ? t : dnnl_f32,
+                                             c_strides) == dnnl_success;
   dnnl_matmul_desc_t desc;
   ok = ok && dnnl_matmul_desc_init(&desc, &mm.a, &mm.b, nullptr, &mm.c) == dnnl_success;
   dnnl_primitive_attr_t attr = nullptr;
   dnnl_post_ops_t post = nullptr;
   ok = ok && dnnl_primitive_attr_create(&attr) == dnnl_success;
+  // Primitives are cached and run on any pool thread, several at once. oneDNN's default
+  // scratchpad is one buffer shared by all primitives, safe only for a primitive run on the
+  // thread that created it: two concurrent bfloat16 GEMMs then wrote into each other's partial
+  // sums (runs of the same step differed at two threads). Each call passes its thread's own.
+  ok = ok &&
+       dnnl_primitive_attr_set_scratchpad_mode(attr, dnnl_scratchpad_mode_user) == dnnl_success;
   if (ok && accumulate) {
     // C += A @ B: the sum post-op adds the old C.
     ok = dnnl_post_ops_create(&post) == dnnl_success &&
@@ -169,6 +179,10 @@ const Matmul* matmul_for(DType dtype, bool ta, bool tb, int64_t m, int64_t n, in
   dnnl_primitive_desc_t pd = nullptr;
   ok = ok &&
        dnnl_primitive_desc_create(&pd, &desc, attr, dnnl_cpu_engine(), nullptr) == dnnl_success;
+  const dnnl_memory_desc_t* scratch =
+      ok ? dnnl_primitive_desc_query_md(pd, dnnl_query_scratchpad_md, 0) : nullptr;
+  ok = ok && scratch != nullptr;
+  if (ok) mm.scratchpad = *scratch;
   ok = ok && dnnl_primitive_create(&mm.primitive, pd) == dnnl_success;
   if (!ok) mm.primitive = nullptr;
   if (pd) dnnl_primitive_desc_destroy(pd);
@@ -186,25 +200,32 @@ bool dnnl_matmul(const Matmul& mm, const void* a, const void* b, void* c) {
     return s;
   }();
   if (!stream) return false;
-  dnnl_memory_t ma = nullptr, mb = nullptr, mc = nullptr;
+  // This thread's scratchpad, grown to the largest any of its primitives asked for.
+  thread_local std::vector<char> scratch;
+  const size_t scratch_bytes = dnnl_memory_desc_get_size(&mm.scratchpad);
+  if (scratch.size() < scratch_bytes) scratch.resize(scratch_bytes);
+  dnnl_memory_t ma = nullptr, mb = nullptr, mc = nullptr, ms = nullptr;
   bool ok =
       dnnl_memory_create(&ma, &mm.a, dnnl_cpu_engine(), const_cast<void*>(a)) == dnnl_success &&
       dnnl_memory_create(&mb, &mm.b, dnnl_cpu_engine(), const_cast<void*>(b)) == dnnl_success &&
-      dnnl_memory_create(&mc, &mm.c, dnnl_cpu_engine(), c) == dnnl_success;
+      dnnl_memory_create(&mc, &mm.c, dnnl_cpu_engine(), c) == dnnl_success &&
+      dnnl_memory_create(&ms, &mm.scratchpad, dnnl_cpu_engine(), scratch.data()) == dnnl_success;
   if (ok) {
-    const dnnl_exec_arg_t args[] = {{DNNL_ARG_SRC, ma}, {DNNL_ARG_WEIGHTS, mb}, {DNNL_ARG_DST, mc}};
-    ok = dnnl_primitive_execute(mm.primitive, stream, 3, args) == dnnl_success &&
+    const dnnl_exec_arg_t args[] = {
+        {DNNL_ARG_SRC, ma}, {DNNL_ARG_WEIGHTS, mb}, {DNNL_ARG_DST, mc}, {DNNL_ARG_SCRATCHPAD, ms}};
+    ok = dnnl_primitive_execute(mm.primitive, stream, 4, args) == dnnl_success &&
          dnnl_stream_wait(stream) == dnnl_success;
   }
-  for (dnnl_memory_t x : {ma, mb, mc})
+  for (dnnl_memory_t x : {ma, mb, mc, ms})
     if (x) dnnl_memory_destroy(x);
   return ok;
 }
 
 // Whether oneDNN runs `dtype` products on this CPU (asked once, on a small layout).
 bool dnnl_half_available(DType dtype) {
-  static const bool bf16 = matmul_for(DType::BFloat16, false, false, 8, 8, 8, 8, 8, 8, false);
-  static const bool f16 = matmul_for(DType::Float16, false, false, 8, 8, 8, 8, 8, 8, false);
+  static const bool bf16 =
+      matmul_for(DType::BFloat16, false, false, 8, 8, 8, 8, 8, 8, false, false);
+  static const bool f16 = matmul_for(DType::Float16, false, false, 8, 8, 8, 8, 8, 8, false, false);
   return dtype == DType::BFloat16 ? bf16 : f16;
 }
 #endif
@@ -294,10 +315,15 @@ bool cpu_gemm_available(DType dtype) {
 }
 
 void cpu_gemm(DType dtype, bool ta, bool tb, int64_t m, int64_t n, int64_t k, const void* a,
-              int64_t lda, const void* b, int64_t ldb, bool accumulate, void* c, int64_t ldc) {
-  if (dtype == DType::Float16 || dtype == DType::BFloat16) {
+              int64_t lda, const void* b, int64_t ldb, bool accumulate, void* c, int64_t ldc,
+              bool half_result) {
+  const bool half = dtype == DType::Float16 || dtype == DType::BFloat16;
+  if (half_result && (!half || accumulate))
+    throw ValueError("[matmul] a rounded half result needs half operands and no accumulation");
+  if (half) {
 #if KILN_WITH_DNNL
-    if (const Matmul* mm = matmul_for(dtype, ta, tb, m, n, k, lda, ldb, ldc, accumulate)) {
+    if (const Matmul* mm =
+            matmul_for(dtype, ta, tb, m, n, k, lda, ldb, ldc, accumulate, half_result)) {
       static thread_local bool one_thread = false;
       if (!one_thread) {
         run_one_openmp_thread();
@@ -311,10 +337,24 @@ void cpu_gemm(DType dtype, bool ta, bool tb, int64_t m, int64_t n, int64_t k, co
     }
 #endif
     // Where oneDNN has no half kernels for this CPU: widen the operands, multiply in float32.
-    thread_local std::vector<float> fa, fb;
+    thread_local std::vector<float> fa, fb, fc;
     widen(dtype, ta, m, k, static_cast<const uint16_t*>(a), lda, fa);
     widen(dtype, tb, k, n, static_cast<const uint16_t*>(b), ldb, fb);
-    cpu_gemm(DType::Float32, false, false, m, n, k, fa.data(), k, fb.data(), n, accumulate, c, ldc);
+    if (!half_result) {
+      cpu_gemm(DType::Float32, false, false, m, n, k, fa.data(), k, fb.data(), n, accumulate, c,
+               ldc);
+      return;
+    }
+    fc.resize(static_cast<size_t>(m * n));
+    cpu_gemm(DType::Float32, false, false, m, n, k, fa.data(), k, fb.data(), n, false, fc.data(),
+             n);
+    auto* out = static_cast<uint16_t*>(c);
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t j = 0; j < n; ++j) {
+        const float v = fc[static_cast<size_t>(i * n + j)];
+        out[i * ldc + j] =
+            dtype == DType::BFloat16 ? float_to_bfloat16_bits(v) : float_to_half_bits(v);
+      }
     return;
   }
   warn_if_generic(dtype);

@@ -30,9 +30,11 @@ bool cpu_gemm_available(DType dtype);
 
 /// One single-threaded row-major product C = A @ B (+ C when `accumulate`) of `dtype`
 /// matrices A and B: float32 or float64 (C the same), or float16/bfloat16 (C float32, the
-/// products accumulated in float32), on the library gemm_path(dtype) names; `ta`/`tb` read
-/// A/B transposed. The first call on a generic path prints one warning.
+/// products accumulated in float32; with `half_result`, C in `dtype`, the float32 sums rounded
+/// once, and no `accumulate`), on the library gemm_path(dtype) names; `ta`/`tb` read A/B
+/// transposed. The first call on a generic path prints one warning.
 void cpu_gemm(DType dtype, bool ta, bool tb, int64_t m, int64_t n, int64_t k, const void* a,
-              int64_t lda, const void* b, int64_t ldb, bool accumulate, void* c, int64_t ldc);
+              int64_t lda, const void* b, int64_t ldb, bool accumulate, void* c, int64_t ldc,
+              bool half_result = false);
 
 }  // namespace kiln::jit

@@ -318,6 +318,7 @@ struct CachedGroup {
   int gemm_a = 0, gemm_b = 0;  // schedule position, or -1 - leaf index
   std::vector<int> absorbed;
   bool accumulates = false;  // an accumulation: the root is the add
+  bool rounds = false;       // a rounding: the root is the cast to half
   int gemm_reduce = 0;       // its product's position
   int gemm_accumulate = 0;   // what it adds into (position or -1 - leaf index)
 };
@@ -382,7 +383,8 @@ FusionPlan instantiate(const std::vector<CachedGroup>& cached, const std::vector
           g.inputs.push_back(in.get());
     g.library = c.library;
     if (c.library) {
-      g.gemm.reduce = c.accumulates ? schedule[c.gemm_reduce] : g.root;
+      g.gemm.reduce = c.accumulates || c.rounds ? schedule[c.gemm_reduce] : g.root;
+      if (c.rounds) g.gemm.rounded = g.root;
       g.gemm.a = p.node(schedule, c.gemm_a);
       g.gemm.b = p.node(schedule, c.gemm_b);
       for (int a : c.absorbed) g.gemm.absorbed.push_back(schedule[a]);
@@ -414,6 +416,10 @@ std::vector<CachedGroup> positional(const FusionPlan& plan, const Positions& p) 
         c.accumulates = true;
         c.gemm_reduce = p.pos.at(g.gemm.reduce);
         c.gemm_accumulate = p.ref(g.gemm.accumulate);
+      }
+      if (g.gemm.rounded) {
+        c.rounds = true;
+        c.gemm_reduce = p.pos.at(g.gemm.reduce);
       }
     }
     out.push_back(std::move(c));

@@ -122,7 +122,7 @@ FusionPlan fuse(const std::vector<Node*>& schedule, const std::unordered_set<Nod
   // evaluated tensor) runs as the product added into P: gradient sums over many steps then
   // hold one running total instead of 8 live terms per fused sum.
   std::unordered_map<Node*, GemmMatch> accumulations;  // by the add
-  std::unordered_set<Node*> accumulated;               // products absorbed into an add
+  std::unordered_set<Node*> accumulated;  // products absorbed into an add or a rounding
   if (!no_fusion && !pass_disabled("LIBRARY") && !pass_disabled("ACCUMULATE")) {
     auto gemm_of = [&](Node* n) -> const GemmMatch* {
       auto it = gemms.find(n);
@@ -138,6 +138,23 @@ FusionPlan fuse(const std::vector<Node*>& schedule, const std::unordered_set<Nod
         accumulated.insert(m.reduce);
         forced.insert(n);
         accumulations[n] = m;
+      }
+    }
+  }
+  // cast(product, half) of half operands: the library stores the rounded result, and the
+  // float32 product never exists (an autocast layer keeps and passes on half the bytes).
+  std::unordered_map<Node*, GemmMatch> roundings;  // by the cast
+  if (!no_fusion && !pass_disabled("LIBRARY") && !pass_disabled("ROUNDING")) {
+    auto gemm_of = [&](Node* n) -> const GemmMatch* {
+      auto it = gemms.find(n);
+      return it == gemms.end() || accumulated.count(n) ? nullptr : &it->second;
+    };
+    for (Node* n : schedule) {
+      GemmMatch m;
+      if (match_rounding(n, single_use, gemm_of, &m)) {
+        accumulated.insert(m.reduce);  // absorbed into the cast's group, as into an add's
+        forced.insert(n);
+        roundings[n] = m;
       }
     }
   }
@@ -210,15 +227,19 @@ FusionPlan fuse(const std::vector<Node*>& schedule, const std::unordered_set<Nod
       if (!materialized.count(root)) continue;
       FusionGroup g;
       g.root = root;
-      if (auto acc = accumulations.find(root); acc != accumulations.end()) {
-        const GemmMatch& m = acc->second;
+      // A GEMM absorbed into the add or the cast that roots the group.
+      const GemmMatch* absorbing = nullptr;
+      if (auto it = accumulations.find(root); it != accumulations.end()) absorbing = &it->second;
+      if (auto it = roundings.find(root); it != roundings.end()) absorbing = &it->second;
+      if (absorbing) {
+        const GemmMatch& m = *absorbing;
         g.library = true;
         g.gemm = m;
         g.members = m.absorbed;
         g.members.push_back(m.reduce);
         g.members.push_back(root);
         for (Node* in : {m.a, m.b, m.accumulate})
-          if (std::find(g.inputs.begin(), g.inputs.end(), in) == g.inputs.end())
+          if (in && std::find(g.inputs.begin(), g.inputs.end(), in) == g.inputs.end())
             g.inputs.push_back(in);
         plan.groups.push_back(std::move(g));
         continue;

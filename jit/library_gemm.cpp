@@ -378,6 +378,27 @@ bool match_gemm(Node* r, const std::function<bool(Node*)>& single_use, GemmMatch
   return true;
 }
 
+bool match_rounding(Node* cast, const std::function<bool(Node*)>& single_use,
+                    const std::function<const GemmMatch*(Node*)>& gemm_of, GemmMatch* match) {
+  if (cast->op != OpCode::Cast || cast->is_evaluated() || cast->inputs.size() != 1) return false;
+  if (cast->dtype != DType::Float16 && cast->dtype != DType::BFloat16) return false;
+  Node* product = cast->inputs[0].get();
+  const GemmMatch* g = gemm_of(product);
+  if (g == nullptr || g->sum != nullptr || !single_use(product)) return false;
+  // The operands are halves of the cast's dtype (read as they are) and the sums float32.
+  if (product->dtype != DType::Float32 || g->a->dtype != cast->dtype || g->b->dtype != cast->dtype)
+    return false;
+  // Each output block must come from one call: blocks summed over several calls would round
+  // their partial sums.
+  GemmLayout layout;
+  if (!gemm_layout(*product, &layout)) return false;
+  for (const auto& batch : layout.batches)
+    if (batch.summed) return false;
+  *match = *g;
+  match->rounded = cast;
+  return true;
+}
+
 bool match_accumulate(Node* sum, const std::function<bool(Node*)>& single_use,
                       const std::function<const GemmMatch*(Node*)>& gemm_of,
                       const std::function<bool(Node*)>& stored, GemmMatch* match) {
@@ -497,9 +518,9 @@ void run_gemm(const GemmMatch& g) {
     GemmLayout L;
     if (!gemm_layout(*g.reduce, &L))
       throw ValueError("[matmul] the library GEMM no longer matches its plan");
-    return run_gemm_cuda(g, *g.reduce, L);
+    return run_gemm_cuda(g, g.rounded ? *g.rounded : *g.reduce, L);
   }
-  Node& out = g.sum ? *g.sum : *g.reduce;
+  Node& out = g.sum ? *g.sum : g.rounded ? *g.rounded : *g.reduce;
   GemmLayout L;
   if (!gemm_layout(*g.reduce, &L))
     throw ValueError("[matmul] the library GEMM no longer matches its plan");
@@ -530,7 +551,8 @@ void run_gemm(const GemmMatch& g) {
     int64_t ob = call.ob + (L.b.trans ? c0 * L.b.ld : c0);
     int64_t oc = call.oc + r0 * L.ldc + c0;
     cpu_gemm(operands, L.a.trans, L.b.trans, r1 - r0, c1 - c0, L.k, a + oa * elem_ab, L.a.ld,
-             b + ob * elem_ab, L.b.ld, call.accumulate || g.sum != nullptr, c + oc * elem, L.ldc);
+             b + ob * elem_ab, L.b.ld, call.accumulate || g.sum != nullptr, c + oc * elem, L.ldc,
+             g.rounded != nullptr);
   };
   const int64_t threads = thread_pool().size();
   const int64_t work = L.m * L.n * L.k;

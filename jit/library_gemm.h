@@ -21,6 +21,10 @@ struct GemmMatch {
   /// group that value's buffer. Both null for a plain product, whose result is `reduce`.
   Node* accumulate = nullptr;
   Node* sum = nullptr;
+  /// Rounding: `rounded` = cast(`reduce`, h) for half operands of dtype h is written by the
+  /// library itself, the float32 sums rounded once as they are stored, so the float32 product
+  /// is never materialized (autocast's products keep half the bytes). Null otherwise.
+  Node* rounded = nullptr;
 };
 
 /// Matches `reduce` (a pending reindex_reduce) against the matmul pattern. `single_use`
@@ -34,8 +38,13 @@ bool match_gemm(Node* reduce, const std::function<bool(Node*)>& single_use, Gemm
 bool match_accumulate(Node* sum, const std::function<bool(Node*)>& single_use,
                       const std::function<const GemmMatch*(Node*)>& gemm_of,
                       const std::function<bool(Node*)>& stored, GemmMatch* match);
-/// Computes match.reduce's value (match.sum's, for an accumulation) from the buffers of
-/// match.a and match.b (and match.accumulate).
+/// Matches `cast` (a pending cast to float16/bfloat16) against cast(product) for a GEMM
+/// `product` in `gemms` of that dtype's operands that only the cast reads. Fills
+/// match->rounded.
+bool match_rounding(Node* cast, const std::function<bool(Node*)>& single_use,
+                    const std::function<const GemmMatch*(Node*)>& gemm_of, GemmMatch* match);
+/// Computes match.reduce's value (match.sum's, for an accumulation; match.rounded's, for a
+/// rounding) from the buffers of match.a and match.b (and match.accumulate).
 void run_gemm(const GemmMatch& match);
 
 }  // namespace kiln::jit
