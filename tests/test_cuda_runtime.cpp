@@ -255,6 +255,49 @@ TEST_CASE("cuda: an MLP training step on cuda:0 matches the same step on the cpu
   CHECK(gpu.back() < gpu.front());
 }
 
+TEST_CASE("cuda: a float16 autocast MLP step with a GradScaler tracks float32 on the cpu",
+          "[cuda][amp]") {
+  KILN_REQUIRE_GPU();
+  // CUDA's autocast default is float16: products on cuBLAS's tensor cores with half operands
+  // and rounded half results, the loss in float32, gradients scaled by 2^16 and unscaled in
+  // the update. Tolerance: float16 rounds each product's operands and result (~1e-3
+  // relative), over five steps.
+  auto run = [](Device device, bool amp_on) {
+    kiln::manual_seed(7);
+    namespace nn = kiln::nn;
+    auto net =
+        std::make_shared<nn::Sequential>(std::initializer_list<std::shared_ptr<nn::UnaryModule>>{
+            std::make_shared<nn::Linear>(32, 64), std::make_shared<nn::ReLU>(),
+            std::make_shared<nn::Linear>(64, 10)});
+    net->to(device);
+    kiln::optim::Adam opt(net->parameters(), {.lr = 1e-2});
+    kiln::amp::GradScaler scaler({.enabled = amp_on});
+    Tensor x = kiln::from_vector<float>(random_floats(16 * 32, 9), {16, 32}, device);
+    Tensor y =
+        kiln::from_vector<int64_t>({0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 0, 1, 2, 3, 4, 5}, {16}, device);
+    std::vector<double> losses;
+    for (int step = 0; step < 5; ++step) {
+      opt.zero_grad();
+      Tensor loss;
+      {
+        kiln::amp::autocast scope(device, {}, amp_on);
+        loss = kiln::nn::cross_entropy(net->forward(x), y);
+      }
+      scaler.scale(loss).backward();
+      CHECK(scaler.step(opt));
+      scaler.update();
+      losses.push_back(loss.item<double>());
+    }
+    return losses;
+  };
+  const std::vector<double> cpu = run(Device::cpu(), false), gpu = run(Device::cuda(0), true);
+  for (size_t i = 0; i < cpu.size(); ++i) {
+    INFO("step " << i << ": cpu float32 " << cpu[i] << ", cuda float16 autocast " << gpu[i]);
+    CHECK(std::fabs(cpu[i] - gpu[i]) <= 1e-2 * (1 + std::fabs(cpu[i])));
+  }
+  CHECK(gpu.back() < gpu.front());
+}
+
 TEST_CASE(
     "cuda: results are unchanged when a small device memory limit forces buffers to host memory",
     "[cuda]") {
