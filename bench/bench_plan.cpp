@@ -29,7 +29,16 @@
 // and 512 from step to step; kiln_ms is the median step, `reserved_ratio` the pool's peak
 // reserved over peak allocated (target <= 1.10; <= 1.05 for fixed shapes).
 //
-// `--only mlp|lstm|transformer|varlen` runs one model; KILN_BENCH_PLAN_REPS sets the timed
+// Rows plan_transformer_fp32 / _bf16 / _fp16 (issue 25): the Transformer unplanned in
+// float32 and with forward and loss under bf16/fp16 autocast (fp16 with a GradScaler), beside
+// PyTorch eager in the same precision (torch.autocast; bench_train_torch.py), with
+// peak_bytes, kept_activation_bytes (what the step keeps for backward, from its planning
+// tables: bench/kept_for_backward.h), torch_saved_bytes (PyTorch's saved tensors counted the
+// same way), and against float32: step_vs_fp32 (_cpu), kept_vs_fp32, peak_vs_fp32. bf16's
+// targets: kiln / PyTorch autocast <= 1 (the row's target), kept <= 0.52x and step <= 0.75x
+// float32's on a CPU with AVX512-BF16 (in the note).
+//
+// `--only mlp|lstm|transformer|varlen|amp` runs one part; KILN_BENCH_PLAN_REPS sets the timed
 // steps per row (default 5, as the runs in docs/benchmarks.md use).
 #include <unistd.h>
 
@@ -40,11 +49,13 @@
 #include <memory>
 #include <string>
 
+#include "amp_bench.h"
 #include "bench_common.h"
 #include "bench_models.h"
 #include "frontend/kiln.h"
 #include "frontend/nn/nn.h"
 #include "frontend/optim.h"
+#include "kept_for_backward.h"
 #include "memory/memory.h"
 #include "memory/step_graph_file.h"
 #include "memory/work_floor.h"
@@ -60,6 +71,30 @@ memory::CachingPool& pool() { return memory::host_pool(); }
 struct Model {
   std::function<double(int seq)> step;
 };
+
+// The Transformer (6 layers, d_model 256, sequences of up to 512, AdamW) on a fresh batch of
+// 16 sequences each step, in `p` (fp16: with loss scaling unless `scaling` is false).
+Model make_transformer(Precision p, bool scaling = true) {
+  manual_seed(42);
+  auto m = std::make_shared<GPT>(6, 512);
+  auto opt = std::make_shared<optim::AdamW>(m->parameters(),
+                                            optim::AdamWOptions{.lr = 3e-4, .weight_decay = 0.01});
+  auto len = std::make_shared<int>(256);
+  std::function<Tensor()> step = amp_step(
+      opt, p,
+      [m, len] {
+        const int seq = *len;
+        Tensor x = randint(0, 128, {16, seq}), y = randint(0, 128, {16 * seq});
+        return nn::cross_entropy(reshape(m->forward(x), {16 * seq, 128}), y);
+      },
+      scaling);
+  return {[=](int seq) {
+    *len = seq;
+    Tensor loss = step();
+    opt->zero_grad();
+    return loss.item<double>();
+  }};
+}
 
 Model make(const std::string& name) {
   manual_seed(42);
@@ -95,18 +130,7 @@ Model make(const std::string& name) {
       return loss.item<double>();
     }};
   }
-  auto m = std::make_shared<GPT>(6, 512);
-  auto opt = std::make_shared<optim::AdamW>(m->parameters(),
-                                            optim::AdamWOptions{.lr = 3e-4, .weight_decay = 0.01});
-  return {[=](int seq) {
-    Tensor x = randint(0, 128, {16, seq}), y = randint(0, 128, {16 * seq});
-    opt->zero_grad();
-    Tensor loss = nn::cross_entropy(reshape(m->forward(x), {16 * seq, 128}), y);
-    loss.backward();
-    opt->step();
-    opt->zero_grad();
-    return loss.item<double>();
-  }};
+  return make_transformer(Precision::Float32);
 }
 
 // What the memory plans of the timed steps said: means over the steps, and highest peaks.
@@ -229,13 +253,16 @@ Paired measure_paired(const Model& model, int reps, int seq, size_t budget) {
 int main(int argc, char** argv) {
   example::Flags flags = bench_flags(
       "bench_plan", "Memory planning: peaks and step times of training steps under budgets.");
-  flags.add("only", "", "run one model only: mlp, lstm, transformer or varlen");
+  flags.add("only", "",
+            "run one part only: mlp, lstm, transformer, varlen, or amp (the Transformer in "
+            "fp32, bf16 and fp16 autocast beside torch.autocast)");
   flags.note("environment: KILN_BENCH_PLAN_REPS (timed steps, default 5), KILN_BENCH_VERBOSE");
   if (std::optional<int> code = parse_or_exit(flags, argc, argv)) return *code;
   const std::string only = flags.str("only");
   if (!only.empty() && only != "mlp" && only != "lstm" && only != "transformer" &&
-      only != "varlen") {
-    std::fprintf(stderr, "bench_plan: --only expects mlp, lstm, transformer or varlen, got '%s'\n",
+      only != "varlen" && only != "amp") {
+    std::fprintf(stderr,
+                 "bench_plan: --only expects mlp, lstm, transformer, varlen or amp, got '%s'\n",
                  only.c_str());
     return 2;
   }
@@ -356,6 +383,75 @@ int main(int argc, char** argv) {
                {"budget_bytes", 0},
                {"reserved_ratio", st.reserve_ratio()}};
     results.add(r);
+  }
+  if (only.empty() || only == "amp") {
+    // The Transformer unplanned in float32 and under bf16/fp16 autocast, beside PyTorch
+    // eager (torch.autocast) on the same shapes (bench_train_torch.py).
+    std::optional<Measured> fp32;
+    KeptForBackward fp32_kept;
+    for (Precision p : {Precision::Float32, Precision::BFloat16, Precision::Float16}) {
+      KeptForBackward kept;
+      {
+        // As bench_train: the second step of a model of its own, without loss scaling.
+        Model first = make_transformer(p, false);
+        first.step(256);
+        kept = measure_kept_for_backward([&] { first.step(256); });
+      }
+      const Measured m = measure(make_transformer(p), reps, 256);
+      const TorchRun torch =
+          run_torch("plan_transformer_6x256_h4_s256_b16", thread_pool().size(), reps, false, p);
+      Result r;
+      r.workload = std::string("plan_transformer_") + precision_name(p);
+      r.set_kiln({m.ms, m.cpu_ms});
+      r.baseline = p == Precision::Float32 ? std::string("pytorch-eager")
+                                           : std::string("pytorch-autocast-") + precision_name(p);
+      r.set_baseline(torch.step);
+      r.compiler = compiler_label();
+      if (p == Precision::BFloat16) {
+        r.target = 1.0;
+        r.target_kind = "ratio<=";
+      }
+      r.extra = {{"peak_bytes", static_cast<double>(m.peak)},
+                 {"kept_activation_bytes", kept.found ? static_cast<double>(kept.activations) : -1},
+                 {"kept_leaf_copy_bytes", kept.found ? static_cast<double>(kept.leaf_copies) : -1},
+                 {"torch_saved_bytes", torch.saved},
+                 {"torch_peak_bytes", torch.peak}};
+      char note[320];
+      if (p == Precision::Float32) {
+        fp32 = m;
+        fp32_kept = kept;
+        std::snprintf(note, sizeof note, "peak %s; kept for backward kiln %.1f MB / torch %.1f MB",
+                      memory::format_bytes(m.peak).c_str(),
+                      static_cast<double>(kept.activations) / 1e6, torch.saved / 1e6);
+      } else {
+        const double step = m.ms / fp32->ms, cpu = m.cpu_ms / fp32->cpu_ms;
+        const double kept_ratio = static_cast<double>(kept.activations) /
+                                  static_cast<double>(std::max<size_t>(fp32_kept.activations, 1));
+        r.extra.push_back({"step_vs_fp32", step});
+        r.extra.push_back({"step_vs_fp32_cpu", cpu});
+        r.extra.push_back({"kept_vs_fp32", kept_ratio});
+        r.extra.push_back(
+            {"peak_vs_fp32", static_cast<double>(m.peak) / static_cast<double>(fp32->peak)});
+        const bool bf16_cpu = machine().isa.find("+avx512_bf16") != std::string::npos;
+        std::snprintf(
+            note, sizeof note,
+            "vs fp32: step %.2fx wall / %.2fx cpu, kept %.2fx, peak %.2fx%s; peak %s; kept kiln "
+            "%.1f MB (+%.1f MB half copies of leaves) / torch %.1f MB",
+            step, cpu, kept_ratio, static_cast<double>(m.peak) / static_cast<double>(fp32->peak),
+            p != Precision::BFloat16 ? ""
+            : !bf16_cpu
+                ? " (kept <= 0.52; step target n/a: no AVX512-BF16)"
+                : (std::string(" (kept <= 0.52: ") + (kept_ratio <= 0.52 ? "met" : "MISSED") +
+                   "; step <= 0.75: " + (step <= 0.75 ? "met" : "MISSED") + " wall, " +
+                   (cpu <= 0.75 ? "met" : "MISSED") + " cpu)")
+                      .c_str(),
+            memory::format_bytes(m.peak).c_str(), static_cast<double>(kept.activations) / 1e6,
+            static_cast<double>(kept.leaf_copies) / 1e6, torch.saved / 1e6);
+      }
+      r.note = note;
+      if (!torch.note.empty()) r.note += "; " + torch.note;
+      results.add(r);
+    }
   }
   results.print("memory planning (median step; baseline: the same model unplanned)");
   results.write_json();

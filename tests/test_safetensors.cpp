@@ -16,14 +16,17 @@
 #include <vector>
 
 #include "frontend/kiln.h"
-#include "test_files.h"
 #include "frontend/serialize.h"
+#include "python_support.h"
+#include "test_files.h"
 
 using namespace kiln;
 namespace fs = std::filesystem;
 
 namespace {
 
+using test::python3;
+using test::python_has;
 using test::read_bytes;
 using test::write_bytes;
 
@@ -79,22 +82,10 @@ const std::vector<DType> kAllDTypes = {
     DType::Bool,  DType::Int8,    DType::UInt8,    DType::Int16,   DType::Int32,
     DType::Int64, DType::Float16, DType::BFloat16, DType::Float32, DType::Float64};
 
-// The python3 to use: the one scripts/setup_torch.sh installs (torch, safetensors) when it
-// is there, else the system's.
-std::string python3() {
-#ifdef KILN_SOURCE_DIR
-  std::string venv = std::string(KILN_SOURCE_DIR) + "/.venv-torch/wrap/python3";
-  if (std::system(("test -x " + venv).c_str()) == 0) return venv;
-#endif
-  return "python3";
-}
-
-bool python_has(const std::string& modules) {
-  return std::system((python3() + " -c 'import " + modules + "' > /dev/null 2>&1").c_str()) == 0;
-}
-
+// From the source tree's root: __FILE__ may be relative to the build directory (ccache's
+// CCACHE_BASEDIR rewrites it), and the tests run from there.
 std::string interop_script() {
-  return (fs::path(__FILE__).parent_path() / "safetensors_interop.py").string();
+  return std::string(KILN_SOURCE_DIR) + "/tests/safetensors_interop.py";
 }
 
 }  // namespace
@@ -341,8 +332,9 @@ TEST_CASE("safetensors interop with the reference implementation through numpy",
   tensors["empty"] = zeros({0, 4}, DType::Int32);
   const std::string ours = dir.file("kiln.safetensors"), theirs = dir.file("ref.safetensors");
   save_safetensors(ours, tensors, {{"writer", "kiln"}});
-  REQUIRE(std::system((python3() + " " + interop_script() + " roundtrip numpy " + ours + " " + theirs)
-                          .c_str()) == 0);
+  REQUIRE(
+      std::system((python3() + " " + interop_script() + " roundtrip numpy " + ours + " " + theirs)
+                      .c_str()) == 0);
   CHECK(read_bytes(theirs) == read_bytes(ours));
 
   // reference -> kiln: values fixed in the script.
@@ -382,8 +374,9 @@ TEST_CASE("safetensors interop with PyTorch", "[safetensors]") {
     tensors[std::string(dtype_name(dt))] = random_bit_pattern({4}, dt, rng);
   const std::string ours = dir.file("kiln.safetensors"), theirs = dir.file("torch.safetensors");
   save_safetensors(ours, tensors, {{"writer", "kiln"}});
-  REQUIRE(std::system((python3() + " " + interop_script() + " roundtrip torch " + ours + " " + theirs)
-                          .c_str()) == 0);
+  REQUIRE(
+      std::system((python3() + " " + interop_script() + " roundtrip torch " + ours + " " + theirs)
+                      .c_str()) == 0);
   CHECK(read_bytes(theirs) == read_bytes(ours));
   const std::string fixed = dir.file("fixed.safetensors");
   REQUIRE(std::system((python3() + " " + interop_script() + " write torch " + fixed).c_str()) == 0);

@@ -42,6 +42,7 @@ class CharLSTM : public nn::Module {
 };
 
 int run(const example::Flags& flags) {
+  const example::AmpMode amp_mode = example::amp_mode(flags);
   manual_seed(static_cast<uint64_t>(flags.integer("seed")));
   example::TextCorpus corpus(flags.str("text"));
   const int64_t steps = flags.integer("steps"), batch = flags.integer("batch-size"),
@@ -59,6 +60,7 @@ int run(const example::Flags& flags) {
               static_cast<long long>(model->num_parameters()));
   std::vector<Tensor> params = model->parameters();
   optim::Adam opt(params, {.lr = flags.real("lr")});
+  amp::GradScaler scaler(amp_mode.scaler_options());
 
   std::mt19937_64 rng(static_cast<uint64_t>(flags.integer("seed")));
   example::apply_memory_flags(flags);
@@ -66,12 +68,18 @@ int run(const example::Flags& flags) {
   for (int64_t step = 1; step <= steps; ++step) {
     auto [x, y] = corpus.batch(batch, seq, rng);
     opt.zero_grad();
-    Tensor logits = model->forward(x).output;
-    Tensor loss = nn::cross_entropy(reshape(logits, {batch * seq, corpus.vocab_size()}),
-                                    reshape(y, {batch * seq}));
-    loss.backward();
+    Tensor loss;
+    {
+      amp::autocast scope(Device::cpu(), amp_mode.dtype, amp_mode.enabled);
+      Tensor logits = model->forward(x).output;
+      loss = nn::cross_entropy(reshape(logits, {batch * seq, corpus.vocab_size()}),
+                               reshape(y, {batch * seq}));
+    }
+    scaler.scale(loss).backward();
+    scaler.unscale_(opt);  // clip the true gradients (a no-op without loss scaling)
     optim::clip_grad_norm(params, 1.0);
-    opt.step();
+    scaler.step(opt);  // opt.step(), skipped when a float16 gradient overflowed
+    scaler.update();
     log.step(step, loss.item<double>());
   }
   log.finish(corpus.vocab_size());
@@ -80,6 +88,7 @@ int run(const example::Flags& flags) {
   // Sampling: feed one character at a time, carrying the LSTM state.
   model->eval();
   NoGradGuard no_grad;
+  amp::autocast scope(Device::cpu(), amp_mode.dtype, amp_mode.enabled);
   std::string prompt = flags.str("prompt");
   std::string sample = prompt;
   Tensor h, c;
@@ -117,6 +126,7 @@ int main(int argc, char** argv) {
   flags.add("prompt", "The ", "text the sample starts from");
   flags.add("sample-length", "300", "characters to generate");
   flags.add("temperature", "0.7", "sampling temperature (lower: more conservative)");
+  example::add_amp_flag(flags);
   example::add_memory_flags(flags);
   return flags.main(argc, argv, run);
 }

@@ -1,8 +1,8 @@
 #pragma once
 // What the training examples share: the flag parser (flags.h), a one-line progress bar,
-// the memory budget and pictures of a training step (--memory-budget, --memory-timeline,
-// --trace), and the closing report (kernel cache, memory pools, budget and the last step's
-// plan).
+// mixed precision (--amp), the memory budget and pictures of a training step
+// (--memory-budget, --memory-timeline, --trace), and the closing report (kernel cache, memory
+// pools, budget and the last step's plan).
 #include <kiln/kiln.h>
 
 #include <chrono>
@@ -37,6 +37,46 @@ inline void progress(const std::string& label, int64_t done, int64_t total,
 /// Seconds since `start`.
 inline double seconds_since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+/// Declares --amp off|bf16|fp16 (default off).
+inline void add_amp_flag(Flags& flags) {
+  flags.add("amp", "off",
+            "mixed precision: off (float32), bf16 (forward and loss under bfloat16 autocast) or "
+            "fp16 (float16 autocast with dynamic loss scaling)");
+}
+
+/// What --amp asked for: whether autocast is on, its dtype, and whether the loss is scaled
+/// (float16 only: bfloat16 has float32's range and needs no scaler, as in PyTorch).
+struct AmpMode {
+  bool enabled = false;
+  kiln::DType dtype = kiln::DType::BFloat16;
+
+  /// The GradScaler's settings for this mode: PyTorch's defaults, enabled for fp16 only.
+  kiln::amp::GradScalerOptions scaler_options() const {
+    return {.enabled = enabled && dtype == kiln::DType::Float16};
+  }
+};
+
+/// Reads --amp; UsageError (exit 2) for anything but off, bf16 or fp16. Prints one line
+/// saying what is on when it is not off.
+inline AmpMode amp_mode(const Flags& flags) {
+  const std::string value = flags.str("amp");
+  AmpMode mode;
+  if (value == "bf16") {
+    mode = {true, kiln::DType::BFloat16};
+    std::printf(
+        "mixed precision: bf16 autocast (products in bfloat16, the rest in float32), "
+        "float32 weights, no loss scaling\n");
+  } else if (value == "fp16") {
+    mode = {true, kiln::DType::Float16};
+    std::printf(
+        "mixed precision: fp16 autocast (products in float16, the rest in float32), "
+        "float32 weights, GradScaler (initial scale 65536)\n");
+  } else if (value != "off") {
+    throw UsageError("--amp expects off, bf16 or fp16, got '" + value + "'");
+  }
+  return mode;
 }
 
 /// Declares --memory-budget SPEC (as KILN_MEMORY_BUDGET, which it overrides), and

@@ -29,6 +29,7 @@ double accuracy(const Tensor& logits, const Tensor& labels) {
 }
 
 int run(const example::Flags& flags) {
+  const example::AmpMode amp_mode = example::amp_mode(flags);
   manual_seed(static_cast<uint64_t>(flags.integer("seed")));
   const int64_t epochs = flags.integer("epochs");
   const int64_t hidden = flags.integer("hidden");
@@ -55,6 +56,7 @@ int run(const example::Flags& flags) {
               static_cast<long long>(hidden), static_cast<long long>(model->num_parameters()));
 
   optim::Adam opt(model->parameters(), {.lr = flags.real("lr")});
+  amp::GradScaler scaler(amp_mode.scaler_options());
   data::DataLoader loader(train,
                           {.batch_size = flags.integer("batch-size"), .shuffle = true, .seed = 1});
   example::apply_memory_flags(flags);
@@ -65,10 +67,15 @@ int run(const example::Flags& flags) {
     int64_t correct = 0, seen = 0, batches = 0;
     for (const data::Batch& batch : loader) {
       opt.zero_grad();
-      Tensor logits = model->forward(batch.features());
-      Tensor loss = nn::cross_entropy(logits, batch.targets());
-      loss.backward();
-      opt.step();
+      Tensor logits, loss;
+      {
+        amp::autocast scope(Device::cpu(), amp_mode.dtype, amp_mode.enabled);
+        logits = model->forward(batch.features());
+        loss = nn::cross_entropy(logits, batch.targets());
+      }
+      scaler.scale(loss).backward();
+      scaler.step(opt);  // opt.step(), skipped when a float16 gradient overflowed
+      scaler.update();
       Tensor hits = sum(argmax(logits, 1) == batch.targets());
       eval({loss, hits});  // one graph: forward, backward, update and the metrics
       loss_sum += loss.item<double>();
@@ -89,6 +96,7 @@ int run(const example::Flags& flags) {
   double test_acc;
   {
     NoGradGuard no_grad;
+    amp::autocast scope(Device::cpu(), amp_mode.dtype, amp_mode.enabled);
     test_acc = accuracy(model->forward(test.tensors()[0]), test.tensors()[1]);
   }
   std::printf("trained %lld epochs in %.1f s\n", static_cast<long long>(epochs),
@@ -118,6 +126,7 @@ int main(int argc, char** argv) {
   flags.add("test-fraction", "0.2", "share of the samples held out for testing");
   flags.add("seed", "0", "seed of the initialisation (kiln::manual_seed)");
   flags.add("save", "", "write the trained weights to this safetensors file");
+  example::add_amp_flag(flags);
   example::add_memory_flags(flags);
   return flags.main(argc, argv, run);
 }

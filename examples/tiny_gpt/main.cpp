@@ -56,6 +56,7 @@ class TinyGPT : public nn::Module {
 };
 
 int run(const example::Flags& flags) {
+  const example::AmpMode amp_mode = example::amp_mode(flags);
   manual_seed(static_cast<uint64_t>(flags.integer("seed")));
   example::TextCorpus corpus(flags.str("text"));
   const int64_t steps = flags.integer("steps"), batch = flags.integer("batch-size"),
@@ -74,6 +75,7 @@ int run(const example::Flags& flags) {
 
   std::vector<Tensor> params = model->parameters();
   optim::AdamW opt(params, {.lr = flags.real("lr"), .weight_decay = 0.01});
+  amp::GradScaler scaler(amp_mode.scaler_options());
   // Linear warm-up over the first tenth, then cosine decay.
   const int64_t warmup = std::max<int64_t>(1, steps / 10);
   std::unique_ptr<optim::SequentialLR> schedule = optim::warmup_cosine(
@@ -86,12 +88,18 @@ int run(const example::Flags& flags) {
   for (int64_t step = 1; step <= steps; ++step) {
     auto [x, y] = corpus.batch(batch, context, rng);
     opt.zero_grad();
-    Tensor logits = model->forward(x);
-    Tensor loss =
-        nn::cross_entropy(reshape(logits, {batch * context, vocab}), reshape(y, {batch * context}));
-    loss.backward();
+    Tensor loss;
+    {
+      amp::autocast scope(Device::cpu(), amp_mode.dtype, amp_mode.enabled);
+      Tensor logits = model->forward(x);
+      loss = nn::cross_entropy(reshape(logits, {batch * context, vocab}),
+                               reshape(y, {batch * context}));
+    }
+    scaler.scale(loss).backward();
+    scaler.unscale_(opt);  // clip the true gradients (a no-op without loss scaling)
     optim::clip_grad_norm(params, 1.0);
-    opt.step();
+    scaler.step(opt);  // opt.step(), skipped when a float16 gradient overflowed
+    scaler.update();
     schedule->step();
     char lr[32];
     std::snprintf(lr, sizeof lr, "lr %.2e  ", schedule->get_last_lr()[0]);
@@ -104,6 +112,7 @@ int run(const example::Flags& flags) {
   // new shape but not a new kernel: kernels take sizes as arguments.
   model->eval();
   NoGradGuard no_grad;
+  amp::autocast scope(Device::cpu(), amp_mode.dtype, amp_mode.enabled);
   std::string sample = flags.str("prompt");
   std::vector<int64_t> ids = corpus.encode(sample).to_vector<int64_t>();
   const double temperature = flags.real("temperature");
@@ -139,6 +148,7 @@ int main(int argc, char** argv) {
   flags.add("prompt", "The ", "text the sample starts from");
   flags.add("sample-length", "200", "characters to generate");
   flags.add("temperature", "0.7", "sampling temperature");
+  example::add_amp_flag(flags);
   example::add_memory_flags(flags);
   return flags.main(argc, argv, run);
 }
