@@ -12,6 +12,7 @@
 
 #include "../core/error.h"
 #include "../core/thread_pool.h"
+#include "blas.h"
 #include "library_gemm.h"
 
 #ifndef KILN_WITH_DNNL
@@ -468,6 +469,22 @@ struct Primitive {
   std::array<dnnl_primitive_t, 3> reorder{};  // user -> inner for inputs, back for the result
   dnnl_memory_desc_t bias{};                  // forward with a bias: a plain float32 vector
   std::string impl;
+
+  Primitive() = default;
+  Primitive(const Primitive&) = delete;
+  Primitive& operator=(const Primitive&) = delete;
+  Primitive(Primitive&& o) noexcept { *this = std::move(o); }
+  Primitive& operator=(Primitive&& o) noexcept {
+    std::swap(conv, o.conv);
+    std::swap(reorder, o.reorder);
+    user = o.user, inner = o.inner, bias = o.bias, impl = std::move(o.impl);
+    return *this;
+  }
+  ~Primitive() {
+    if (conv) dnnl_primitive_destroy(conv);
+    for (dnnl_primitive_t r : reorder)
+      if (r) dnnl_primitive_destroy(r);
+  }
 };
 
 // An oneDNN call's status as an error.
@@ -588,47 +605,29 @@ Primitive build(const Problem& pr, int64_t crop_h, int64_t crop_w) {
 }
 
 // The cached primitive of a problem (its every size, stride and dtype is the key).
-const Primitive& primitive_for(const Problem& pr, int64_t crop_h, int64_t crop_w) {
+std::shared_ptr<const Primitive> primitive_for(const Problem& pr, int64_t crop_h, int64_t crop_w) {
   static std::mutex mutex;
-  static std::map<std::vector<int64_t>, Primitive> cache;
+  static std::map<std::vector<int64_t>, std::shared_ptr<const Primitive>> cache;
   const Geometry& g = pr.g;
   std::vector<int64_t> key{static_cast<int64_t>(pr.pass),
                            static_cast<int64_t>(pr.in),
                            static_cast<int64_t>(pr.out),
-                           g.n,
-                           g.c,
-                           g.h,
-                           g.w,
-                           g.groups,
-                           g.cg,
-                           g.og,
-                           g.oh,
-                           g.ow,
-                           g.kh,
-                           g.kw,
-                           g.sh,
-                           g.sw,
-                           g.ph,
-                           g.pw,
-                           g.dh,
-                           g.dw,
                            crop_h,
                            crop_w,
                            pr.bias ? 1 : 0};
+  for (int64_t v : {g.n, g.c, g.h, g.w, g.groups, g.cg, g.og, g.oh, g.ow, g.kh, g.kw, g.sh, g.sw,
+                    g.ph, g.pw, g.dh, g.dw})
+    key.push_back(v);
   key.insert(key.end(), pr.dy.begin(), pr.dy.end());
   key.insert(key.end(), pr.w.begin(), pr.w.end());
   std::lock_guard lock(mutex);
   if (auto it = cache.find(key); it != cache.end()) return it->second;
-  // Bounded: a workload with very many shapes drops them all and starts again.
-  if (cache.size() >= 512) {
-    for (auto& [k, p] : cache) {
-      if (p.conv) dnnl_primitive_destroy(p.conv);
-      for (dnnl_primitive_t r : p.reorder)
-        if (r) dnnl_primitive_destroy(r);
-    }
-    cache.clear();
-  }
-  return cache.emplace(std::move(key), build(pr, crop_h, crop_w)).first->second;
+  // Bounded: a workload with very many shapes drops them all and starts again (a call in
+  // flight on another thread keeps its primitive alive through its shared pointer).
+  if (cache.size() >= 512) cache.clear();
+  auto made = std::make_shared<Primitive>(build(pr, crop_h, crop_w));
+  cache.emplace(std::move(key), made);
+  return made;
 }
 
 // A 64-byte aligned scratch block per thread and slot, grown on demand and kept: a blocked
@@ -699,7 +698,8 @@ void run_dnnl(const Problem& pr) {
   const int64_t span_w = (g.ow - 1) * g.sw + (g.kw - 1) * g.dw + 1 - g.pw;
   const int64_t crop_h = std::max<int64_t>(0, g.h - span_h);
   const int64_t crop_w = std::max<int64_t>(0, g.w - span_w);
-  const Primitive& p = primitive_for(pr, crop_h, crop_w);
+  const std::shared_ptr<const Primitive> held = primitive_for(pr, crop_h, crop_w);
+  const Primitive& p = *held;
   if (!p.conv)
     throw ValueError("[conv2d] oneDNN has no convolution for this shape and dtype (" +
                      std::string(dtype_name(pr.in)) + ")");
@@ -788,9 +788,9 @@ std::string probe(DType dtype) {
   for (ConvPass pass : {ConvPass::Forward, ConvPass::BackwardData, ConvPass::BackwardWeights}) {
     pr.pass = pass;
     pr.out = pass == ConvPass::BackwardData ? dtype : DType::Float32;
-    const Primitive& p = primitive_for(pr, 0, 0);
-    if (!p.conv || p.impl.find("ref") != std::string::npos) return "";
-    if (pass == ConvPass::Forward) impl = p.impl;
+    const std::shared_ptr<const Primitive> p = primitive_for(pr, 0, 0);
+    if (!p->conv || p->impl.find("ref") != std::string::npos) return "";
+    if (pass == ConvPass::Forward) impl = p->impl;
   }
   return impl;
 }
@@ -820,7 +820,8 @@ std::string conv_path(DType dtype) {
   if (cpu_conv_available(dtype)) {
     const dnnl_version_t* v = dnnl_version();
     return "oneDNN " + std::to_string(v->major) + "." + std::to_string(v->minor) + "." +
-           std::to_string(v->patch) + " convolution (" + probed(dtype) + ")";
+           std::to_string(v->patch) + " convolution, " + gemm_path(DType::Float32).kernels + " (" +
+           probed(dtype) + " on a 3x3 probe)";
   }
 #endif
   (void)dtype;

@@ -44,8 +44,8 @@ void run_conv(const ConvMatch& match);
 /// on this CPU: float32 with oneDNN built in; bfloat16/float16 where oneDNN has kernels.
 bool cpu_conv_available(DType dtype);
 
-/// What runs `dtype` convolutions, for `kiln info`: "oneDNN 2.6.3 convolution
-/// (avx512_core_amx)" or "im2col + GEMM".
+/// What runs `dtype` convolutions, for `kiln info`: "oneDNN 2.6.3 convolution,
+/// avx512_core_amx (brgconv:avx512_core on a 3x3 probe)" or "im2col + GEMM".
 std::string conv_path(DType dtype);
 
 }  // namespace kiln::jit
