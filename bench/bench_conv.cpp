@@ -1,6 +1,7 @@
-// float32 conv2d, forward and forward+backward, through kiln (nn::F::conv2d: im2col as a
-// reindex, one library GEMM, a reindex back to NCHW) against the peers a user would
-// otherwise call, on the same inputs and thread count:
+// float32 conv2d, forward and forward+backward, through kiln (nn::F::conv2d: its forward,
+// backward-data and backward-weights products on oneDNN's convolution primitive through
+// jit/library_conv.cpp where oneDNN is built in, else im2col as a reindex and one library
+// GEMM) against the peers a user would otherwise call, on the same inputs and thread count:
 //   onednn        oneDNN's convolution primitive called directly (convolution_direct),
 //                 layouts chosen by oneDNN (blocked, e.g. nChw16c), with the reorders from
 //                 and to the user's NCHW / OIHW tensors timed, as a framework holding NCHW
@@ -299,7 +300,8 @@ std::map<std::string, Times> torch_times(int threads, int reps, std::string& not
 int main(int argc, char** argv) {
   example::Flags flags =
       bench_flags("bench_conv",
-                  "kiln's conv2d (im2col + GEMM) forward and forward+backward against oneDNN's "
+                  "kiln's conv2d (library convolution, or im2col + GEMM) forward and "
+                  "forward+backward against oneDNN's "
                   "convolution primitive and torch.nn.functional.conv2d.");
   flags.add("only", "", "run only the rows whose shape description contains this text");
   flags.note(
@@ -403,8 +405,9 @@ int main(int argc, char** argv) {
       const double gflop = s.gflop() * (backward ? 3 : 1);
       row.extra.push_back({"gflop", gflop});
       char rate[96];
-      std::snprintf(rate, sizeof rate, "kiln %.0f GFLOP/s, %zu kernels + %zu library calls",
-                    gflop / (kiln_t.wall_ms * 1e-3), st.kernels, st.library_calls);
+      std::snprintf(rate, sizeof rate,
+                    "kiln %.0f GFLOP/s, %zu kernels + %zu library calls (%zu convolutions)",
+                    gflop / (kiln_t.wall_ms * 1e-3), st.kernels, st.library_calls, st.conv_calls);
       note = rate + std::string("; ") + note;
       if (!peers.empty()) {
         const auto best = std::min_element(

@@ -48,6 +48,8 @@ const std::vector<Variable> kVariables = {
      W::PerProcess},
     {"KILN_DISABLE_LIBRARY", "1/true/on/yes or 0/false/off/no",
      "no library GEMM: matmuls become generated reductions", W::PerProcess},
+    {"KILN_DISABLE_CONV", "1/true/on/yes or 0/false/off/no",
+     "no library convolution: conv2d runs as im2col + library GEMM", W::PerProcess},
     {"KILN_DISABLE_ACCUMULATE", "1/true/on/yes or 0/false/off/no",
      "no in-place gradient accumulation", W::PerProcess},
     {"KILN_DISABLE_ROUNDING", "1/true/on/yes or 0/false/off/no",

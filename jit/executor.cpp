@@ -236,7 +236,7 @@ void run_group(const FusionGroup& group) {
     target.buffer = kiln::detail::copy_buffer(*group.inputs.at(0)->buffer, target.device);
     return;
   }
-  if (group.library) return run_gemm(group.gemm);
+  if (group.library) return group.conv.root ? run_conv(group.conv) : run_gemm(group.gemm);
   LoweredKernel lk = lower(group);
   if (target.device.is_cuda()) return run_cuda_kernel(lk, target);
   KernelHandle h = kernel_for(lk.ir);
@@ -321,6 +321,10 @@ struct CachedGroup {
   bool rounds = false;       // a rounding: the root is the cast to half
   int gemm_reduce = 0;       // its product's position
   int gemm_accumulate = 0;   // what it adds into (position or -1 - leaf index)
+  int conv_pass = -1;        // a convolution call (ConvPass), reading gemm_a and gemm_b
+  int conv_product = 0;      // its product's position
+  int conv_bias = 0;         // its bias (position or -1 - leaf index), with conv_has_bias
+  bool conv_has_bias = false;
 };
 std::mutex g_plan_mutex;
 std::unordered_map<uint64_t, std::vector<CachedGroup>> g_plans;
@@ -382,7 +386,21 @@ FusionPlan instantiate(const std::vector<CachedGroup>& cached, const std::vector
             std::find(g.inputs.begin(), g.inputs.end(), in.get()) == g.inputs.end())
           g.inputs.push_back(in.get());
     g.library = c.library;
-    if (c.library) {
+    if (c.library && c.conv_pass >= 0) {
+      g.conv.pass = static_cast<ConvPass>(c.conv_pass);
+      g.conv.root = g.root;
+      g.conv.product = schedule[c.conv_product];
+      g.conv.a = p.node(schedule, c.gemm_a);
+      g.conv.b = p.node(schedule, c.gemm_b);
+      for (int a : c.absorbed) g.conv.absorbed.push_back(schedule[a]);
+      g.inputs = {g.conv.a};
+      if (g.conv.b != g.conv.a) g.inputs.push_back(g.conv.b);
+      if (c.conv_has_bias) {
+        g.conv.bias = p.node(schedule, c.conv_bias);
+        if (std::find(g.inputs.begin(), g.inputs.end(), g.conv.bias) == g.inputs.end())
+          g.inputs.push_back(g.conv.bias);
+      }
+    } else if (c.library) {
       g.gemm.reduce = c.accumulates || c.rounds ? schedule[c.gemm_reduce] : g.root;
       if (c.rounds) g.gemm.rounded = g.root;
       g.gemm.a = p.node(schedule, c.gemm_a);
@@ -408,7 +426,17 @@ std::vector<CachedGroup> positional(const FusionPlan& plan, const Positions& p) 
     c.root = p.pos.at(g.root);
     for (Node* m : g.members) c.members.push_back(p.pos.at(m));
     c.library = g.library;
-    if (g.library) {
+    if (g.library && g.conv.root) {
+      c.conv_pass = static_cast<int>(g.conv.pass);
+      c.conv_product = p.pos.at(g.conv.product);
+      c.gemm_a = p.ref(g.conv.a);
+      c.gemm_b = p.ref(g.conv.b);
+      for (Node* a : g.conv.absorbed) c.absorbed.push_back(p.pos.at(a));
+      if (g.conv.bias) {
+        c.conv_has_bias = true;
+        c.conv_bias = p.ref(g.conv.bias);
+      }
+    } else if (g.library) {
       c.gemm_a = p.ref(g.gemm.a);
       c.gemm_b = p.ref(g.gemm.b);
       for (Node* a : g.gemm.absorbed) c.absorbed.push_back(p.pos.at(a));
@@ -504,9 +532,12 @@ void run_plan(const std::vector<Node*>& schedule, const std::vector<Node*>& requ
     if (out != rep && rep->buffer) out->buffer = rep->buffer;
   }
   std::lock_guard lock(g_stats_mutex);
-  size_t library = 0;
-  for (const FusionGroup& g : groups) library += g.library ? 1 : 0;
-  g_last_stats = EvalStats{plan.simplified.schedule.size(), groups.size() - library, library};
+  size_t library = 0, conv = 0;
+  for (const FusionGroup& g : groups) {
+    library += g.library ? 1 : 0;
+    conv += g.library && g.conv.root ? 1 : 0;
+  }
+  g_last_stats = EvalStats{plan.simplified.schedule.size(), groups.size() - library, library, conv};
 }
 
 const bool kRegistered = [] {

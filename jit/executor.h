@@ -15,6 +15,7 @@ struct EvalStats {
   size_t nodes = 0;
   size_t kernels = 0;
   size_t library_calls = 0;
+  size_t conv_calls = 0;  ///< of the library calls, convolutions (jit/library_conv.h)
 };
 /// The statistics of the last jit_execute call.
 EvalStats last_eval_stats();

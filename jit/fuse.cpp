@@ -104,12 +104,38 @@ FusionPlan fuse(const std::vector<Node*>& schedule, const std::unordered_set<Nod
   }
 
   auto single_use = [&](Node* n) { return consumers[n] == 1 && !outputs.count(n); };
+  // conv2d's products first: a convolution call reads the image, so its patches and the
+  // GEMMs over them are never made. The sums it computes inside (backward data's product)
+  // are not stored on their own.
+  std::unordered_map<Node*, ConvMatch> convs;  // by root
+  std::unordered_set<Node*> conv_inner;
+  std::unordered_set<Node*> conv_absorbed;
+  // Consumers first: a forward that stores NCHW (a permute of the product) takes the
+  // product in, rather than the product matching alone.
+  if (!no_fusion && !pass_disabled("LIBRARY") && !pass_disabled("CONV")) {
+    for (auto it = schedule.rbegin(); it != schedule.rend(); ++it) {
+      Node* n = *it;
+      ConvMatch m;
+      if ((n->op == OpCode::ReindexReduce || n->op == OpCode::Reindex || n->op == OpCode::Add) &&
+          !conv_absorbed.count(n) && match_conv(n, single_use, &m)) {
+        for (Node* x : m.absorbed) {
+          conv_absorbed.insert(x);
+          if (x->op == OpCode::ReindexReduce) conv_inner.insert(x);
+        }
+        forced.insert(m.a);
+        forced.insert(m.b);
+        if (m.bias) forced.insert(m.bias);
+        convs[n] = m;
+      }
+    }
+  }
   std::unordered_map<Node*, GemmMatch> gemms;
   std::unordered_set<Node*> absorbed;
   if (!no_fusion && !pass_disabled("LIBRARY")) {
     for (Node* n : schedule) {
       GemmMatch m;
-      if (n->op == OpCode::ReindexReduce && match_gemm(n, single_use, &m)) {
+      if (n->op == OpCode::ReindexReduce && !convs.count(n) && !conv_inner.count(n) &&
+          match_gemm(n, single_use, &m)) {
         for (Node* x : m.absorbed) absorbed.insert(x);
         // The library reads buffers, so its operands are stored whatever they cost.
         forced.insert(m.a);
@@ -166,7 +192,8 @@ FusionPlan fuse(const std::vector<Node*>& schedule, const std::unordered_set<Nod
   if (!no_fusion && !pass_disabled("ROWS"))
     for (Node* n : schedule)
       if (n->op == OpCode::ReindexReduce && !outputs.count(n) && !forced.count(n) &&
-          !gemms.count(n) && !accumulated.count(n) && row_stage_shape(*n))
+          !gemms.count(n) && !accumulated.count(n) && !convs.count(n) && !conv_inner.count(n) &&
+          row_stage_shape(*n))
         row_candidates.insert(n);
   std::unordered_set<Node*> stored_rows;  // candidates a check below sent back to storage
 
@@ -198,7 +225,9 @@ FusionPlan fuse(const std::vector<Node*>& schedule, const std::unordered_set<Nod
       // A row stage's total is computed once per row: per element it costs nothing.
       if (row_stage) c = 0;
       bool keep = no_fusion || outputs.count(n) || forced.count(n) || n->store_hint ||
-                  (n->op == OpCode::ReindexReduce && !accumulated.count(n) && !row_stage) ||
+                  convs.count(n) ||
+                  (n->op == OpCode::ReindexReduce && !accumulated.count(n) && !row_stage &&
+                   !conv_inner.count(n)) ||
                   n->op == OpCode::Transfer;
       // Long chains are cut into kernels of bounded depth: lowering walks them recursively
       // and one huge expression compiles slowly.
@@ -239,6 +268,17 @@ FusionPlan fuse(const std::vector<Node*>& schedule, const std::unordered_set<Nod
         g.members.push_back(m.reduce);
         g.members.push_back(root);
         for (Node* in : {m.a, m.b, m.accumulate})
+          if (in && std::find(g.inputs.begin(), g.inputs.end(), in) == g.inputs.end())
+            g.inputs.push_back(in);
+        plan.groups.push_back(std::move(g));
+        continue;
+      }
+      if (auto cv = convs.find(root); cv != convs.end()) {
+        g.library = true;
+        g.conv = cv->second;
+        g.members = cv->second.absorbed;
+        g.members.push_back(root);
+        for (Node* in : {cv->second.a, cv->second.b, cv->second.bias})
           if (in && std::find(g.inputs.begin(), g.inputs.end(), in) == g.inputs.end())
             g.inputs.push_back(in);
         plan.groups.push_back(std::move(g));

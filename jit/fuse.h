@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "../core/node.h"
+#include "library_conv.h"
 #include "library_gemm.h"
 
 namespace kiln::jit {
@@ -19,6 +20,8 @@ struct FusionGroup {
   /// Set when the group runs as a library GEMM instead of a generated kernel.
   bool library = false;
   GemmMatch gemm;
+  /// Set (conv.root non-null) when the library call is a convolution instead of a GEMM.
+  ConvMatch conv;
 };
 
 /// Kernels in execution order.
@@ -30,8 +33,10 @@ struct FusionPlan {
 /// reductions, index tensors and costly multi-use values are materialized; the rest is
 /// inlined into consumers (duplicated when several consumers share a cheap producer).
 /// Matmul compositions of float32/float64 become library GEMM groups.
-/// KILN_DISABLE_FUSION=1 materializes every node (one kernel per node) and
-/// KILN_DISABLE_LIBRARY=1 keeps matmuls as generated code, for bisecting. On the CPU an
+/// conv2d's products become library convolution groups where oneDNN runs them.
+/// KILN_DISABLE_FUSION=1 materializes every node (one kernel per node),
+/// KILN_DISABLE_LIBRARY=1 keeps matmuls (and convolutions) as generated code and
+/// KILN_DISABLE_CONV=1 keeps conv2d as im2col + library GEMM, for bisecting. On the CPU an
 /// add of a product into a value stored anyway becomes one accumulating GEMM group
 /// (KILN_DISABLE_ACCUMULATE=1 keeps the add separate).
 FusionPlan fuse(const std::vector<Node*>& schedule, const std::unordered_set<Node*>& outputs);

@@ -172,10 +172,8 @@ bool reduce_to_vars(Linear& lin, const Shape& dom) {
   return true;
 }
 
-// Per domain dimension, the element stride of an operand whose map reads it (-1: absent),
-// and the element offset of coordinate 0. The map may be any composition of permutes,
-// reshapes and slices that stays in bounds (a padded read would need its fill) and reads
-// each dimension through one coefficient.
+}  // namespace
+
 bool operand_strides(const std::vector<IndexExpr>& map, const Shape& own, const Shape& dom,
                      std::vector<int64_t>* strides, int64_t* offset) {
   strides->assign(dom.size(), -1);
@@ -204,6 +202,8 @@ bool operand_strides(const std::vector<IndexExpr>& map, const Shape& own, const 
   *offset = lin.offset;
   return true;
 }
+
+namespace {
 
 // A group of dimensions read as one: its total extent and, per operand, the stride of its
 // innermost member (a size-1 group has stride 0).
@@ -276,11 +276,18 @@ bool gemm_layout(const Node& r, GemmLayout* out) {
   // they flatten together in both operands. Several m (n) dims flatten likewise or, failing
   // that, all but the innermost become batch dimensions that B (A) broadcasts over.
   Merged m, n;
+  // The longest innermost run that flattens is kept (a convolution's gradient reads
+  // [N, O, OH, OW] with OH and OW flattening but N apart).
   auto pick = [&](std::vector<int>& dims, const std::vector<int64_t>& own, Merged* out) {
     if (dims.empty() || merge_dims(dims, dom, {&own, &sc}, out)) return;
     std::sort(dims.begin(), dims.end(), [&](int x, int y) { return sc[x] < sc[y]; });
-    *out = {dom[dims[0]], {own[dims[0]], sc[dims[0]]}};
-    batch.insert(batch.end(), dims.begin() + 1, dims.end());
+    size_t len = dims.size() - 1;
+    for (; len > 1; --len)
+      if (merge_dims({dims.begin(), dims.begin() + static_cast<std::ptrdiff_t>(len)}, dom,
+                     {&own, &sc}, out))
+        break;
+    if (len == 1) *out = {dom[dims[0]], {own[dims[0]], sc[dims[0]]}};
+    batch.insert(batch.end(), dims.begin() + static_cast<std::ptrdiff_t>(len), dims.end());
   };
   pick(ms, sa, &m);
   pick(ns, sb, &n);
@@ -291,6 +298,15 @@ bool gemm_layout(const Node& r, GemmLayout* out) {
   if (merge_dims(ks, dom, {&sa, &sb}, &merged_k)) {
     k_choices.push_back({merged_k, {}});
   } else {
+    // The longest innermost runs that flatten first, then single dimensions.
+    std::vector<int> by_a = ks;
+    std::sort(by_a.begin(), by_a.end(), [&](int x, int y) { return sa[x] < sa[y]; });
+    for (size_t len = by_a.size() - 1; len > 1; --len) {
+      std::vector<int> run(by_a.begin(), by_a.begin() + static_cast<std::ptrdiff_t>(len));
+      if (merge_dims(run, dom, {&sa, &sb}, &merged_k))
+        k_choices.push_back(
+            {merged_k, {by_a.begin() + static_cast<std::ptrdiff_t>(len), by_a.end()}});
+    }
     for (int inner : ks) {
       std::vector<int> rest;
       for (int d : ks)

@@ -27,6 +27,13 @@ struct GemmMatch {
   Node* rounded = nullptr;
 };
 
+/// Per dimension of `dom`, the element stride at which `map` (one expression per dimension
+/// of a contiguous tensor of shape `own`) reads it (-1: not read), and the element offset of
+/// coordinate 0. False unless the map is a composition of permutes, reshapes and slices that
+/// stays in bounds and reads each dimension through one coefficient.
+bool operand_strides(const std::vector<IndexExpr>& map, const Shape& own, const Shape& dom,
+                     std::vector<int64_t>* strides, int64_t* offset);
+
 /// Matches `reduce` (a pending reindex_reduce) against the matmul pattern. `single_use`
 /// says whether a pending node has exactly one consumer and is not an output, so that
 /// absorbing it into the library call loses no value anyone needs.

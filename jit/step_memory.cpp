@@ -38,7 +38,9 @@ double kernel_cost(const FusionGroup& g) {
   double bytes = static_cast<double>(g.root->nbytes());
   for (const Node* in : g.inputs) bytes += static_cast<double>(in->nbytes());
   double flops = 0;
-  if (g.library && g.gemm.reduce && !g.gemm.reduce->inputs.empty())
+  if (g.library && g.conv.root)
+    flops = 2.0 * static_cast<double>(g.conv.product->inputs[0]->numel());
+  else if (g.library && g.gemm.reduce && !g.gemm.reduce->inputs.empty())
     flops = 2.0 * static_cast<double>(g.gemm.reduce->inputs[0]->numel());
   else
     for (const Node* m : g.members) flops = std::max(flops, static_cast<double>(m->numel()));

@@ -11,6 +11,7 @@
 #include "jit/blas.h"
 #include "jit/compiler.h"
 #include "jit/kernel_cache.h"
+#include "jit/library_conv.h"
 #include "tools/cli.h"
 #include "tools/text_output.h"
 
@@ -120,6 +121,11 @@ int run_info_command(const Invocation& inv) {
           {"float64", gemm_json(gemm64)},
           {"bfloat16", gemm_json(gemm_bf16)},
           {"float16", gemm_json(gemm_f16)}}},
+        {"conv",
+         {{"float32", jit::conv_path(DType::Float32)},
+          {"float64", jit::conv_path(DType::Float64)},
+          {"bfloat16", jit::conv_path(DType::BFloat16)},
+          {"float16", jit::conv_path(DType::Float16)}}},
         {"cache",
          {{"directory", cache.directory()},
           {"disk_enabled", cache.disk_enabled()},
@@ -158,6 +164,8 @@ int run_info_command(const Invocation& inv) {
   table.add_row({"gemm float64", gemm_line(gemm64)});
   table.add_row({"gemm bfloat16", gemm_line(gemm_bf16)});
   table.add_row({"gemm float16", gemm_line(gemm_f16)});
+  for (DType dtype : {DType::Float32, DType::Float64, DType::BFloat16, DType::Float16})
+    table.add_row({"conv " + std::string(dtype_name(dtype)), jit::conv_path(dtype)});
   std::string directory = cache.directory().empty() ? "(none: memory only)" : cache.directory();
   if (!cache.directory().empty() && !cache.disk_enabled())
     directory += " (not writable: new kernels kept in memory)";

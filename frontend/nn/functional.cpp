@@ -149,8 +149,12 @@ Tensor conv2d(const Tensor& input, const Tensor& weight_in, const Tensor& bias_i
   // integer-division speed, 99% of a forward's generated time), stored once. The product
   // is built over [G, N, OH, OW, Og, C/G, kh, kw] and summed over the last three: the
   // library GEMM reads the patches as the [M, K] matrix they are in memory (N, OH, OW and
-  // C/G, kh, kw flatten) and the weight as [Og, K], one call per group. Half inputs are
-  // multiplied in float32 and rounded once, as matmul does.
+  // C/G, kh, kw flatten) and the weight as [Og, K], one call per group. The product is
+  // stored NHWC ([N, OH, OW, O], group g's channels at g*Og), so that the result is one
+  // plain tensor for any number of groups and NCHW is a permute of it, whose gradient is a
+  // map the backward products read directly (jit/library_conv.h runs all three products of
+  // this composition on oneDNN's convolution where it can). Half inputs are multiplied in
+  // float32 and rounded once, as matmul does.
   const DType compute =
       x.dtype() == DType::Float16 || x.dtype() == DType::BFloat16 ? DType::Float32 : x.dtype();
   Tensor patches =
@@ -164,14 +168,10 @@ Tensor conv2d(const Tensor& input, const Tensor& weight_in, const Tensor& bias_i
                       {var(0), var(1), var(2), var(3), var(5), var(6), var(7)}, 0, {}, false, op);
   Tensor wb = reindex(cast(weight, compute), domain,
                       {var(0) * cst(og) + var(4), var(5), var(6), var(7)}, 0, {}, false, op);
-  Tensor prod = reindex_reduce(mul(pa, wb), ReduceOp::Sum, {groups, n, oh, ow, og},
-                               {var(0), var(1), var(2), var(3), var(4)}, {}, false, op);
-  // NCHW: channel g*Og + j of pixel (n, oh, ow) (one group: no division per element).
-  std::vector<IndexExpr> to_nchw =
-      groups == 1 ? std::vector<IndexExpr>{cst(0), var(0), var(2), var(3), var(1)}
-                  : std::vector<IndexExpr>{floordiv(var(1), cst(og)), var(0), var(2), var(3),
-                                           mod(var(1), cst(og))};
-  Tensor y = cast(reindex(prod, {n, o, oh, ow}, std::move(to_nchw), 0, {}, false, op), x.dtype());
+  Tensor nhwc = reindex_reduce(mul(pa, wb), ReduceOp::Sum, {n, oh, ow, o},
+                               {var(1), var(2), var(3), var(0) * cst(og) + var(4)}, {}, false, op);
+  Tensor y = cast(reindex(nhwc, {n, o, oh, ow}, {var(0), var(2), var(3), var(1)}, 0, {}, false, op),
+                  x.dtype());
   if (bias.defined()) y = y + reshape(bias, {o, 1, 1});
   return restore_batch(y, input);
 }

@@ -1,0 +1,265 @@
+// Library convolution (jit/library_conv.h): conv2d's forward, backward-data and
+// backward-weights products run on oneDNN's convolution primitives where it is built in.
+// Each case computes the output and the gradients of x, weight and bias of a random
+// projection of the output on the JIT executor and on the reference executor (which
+// evaluates the im2col composition) from the same inputs. Tolerance: float32 5e-5 absolute
+// plus 5e-5 relative (sums of up to ~600 products in a different order); bfloat16 against
+// the float32 reference: 2e-2 relative to the largest value (8 mantissa bits per rounding).
+#include "jit/executor.h"
+#include "jit/fuse.h"
+#include "jit/library_conv.h"
+#include "memory/memory.h"
+#include "op_harness.h"
+#include "test_nn_support.h"
+
+using namespace nn_test;
+namespace nn = kiln::nn;
+namespace F = kiln::nn::F;
+
+namespace {
+
+struct ConvCase {
+  int64_t n, c, h, w, o, kh, kw;
+  nn::Size2 stride, padding, dilation;
+  int64_t groups;
+  bool bias;
+};
+
+struct ConvResult {
+  std::vector<double> y, dx, dw, db;
+  size_t conv_forward = 0, conv_step = 0;  // library convolution calls of each evaluation
+};
+
+// y = conv2d(x, w, b), then the gradients of sum(y * r) for a fixed random r.
+ConvResult run_case(const ConvCase& k, uint64_t seed, DType dtype) {
+  kiln::manual_seed(seed);
+  const int64_t oh = (k.h + 2 * k.padding.h - k.dilation.h * (k.kh - 1) - 1) / k.stride.h + 1;
+  const int64_t ow = (k.w + 2 * k.padding.w - k.dilation.w * (k.kw - 1) - 1) / k.stride.w + 1;
+  Tensor x = kiln::cast(kiln::randn({k.n, k.c, k.h, k.w}), dtype).eval();
+  Tensor w = kiln::cast(kiln::randn({k.o, k.c / k.groups, k.kh, k.kw}) * 0.3, dtype).eval();
+  Tensor b = k.bias ? kiln::cast(kiln::randn({k.o}), dtype).eval() : Tensor();
+  Tensor r = kiln::randn({k.n, k.o, oh, ow}).eval();
+  ConvResult out;
+  {
+    Tensor y = F::conv2d(x, w, b, k.stride, k.padding, k.dilation, k.groups);
+    y.eval();
+    out.conv_forward = kiln::jit::last_eval_stats().conv_calls;
+  }
+  for (Tensor* t : {&x, &w, &b})
+    if (t->defined()) t->requires_grad_();
+  Tensor y = F::conv2d(x, w, b, k.stride, k.padding, k.dilation, k.groups);
+  Tensor loss = kiln::sum(kiln::cast(y, DType::Float32) * r);
+  std::vector<Tensor> wrt{x, w};
+  if (k.bias) wrt.push_back(b);
+  std::vector<Tensor> g = kiln::grad(loss, wrt);
+  std::vector<Tensor> all{y};
+  all.insert(all.end(), g.begin(), g.end());
+  kiln::eval(all);
+  out.conv_step = kiln::jit::last_eval_stats().conv_calls;
+  out.y = values(y);
+  out.dx = values(g[0]);
+  out.dw = values(g[1]);
+  if (k.bias) out.db = values(g[2]);
+  return out;
+}
+
+std::string describe(const ConvCase& k) {
+  std::ostringstream s;
+  s << "x [" << k.n << ", " << k.c << ", " << k.h << ", " << k.w << "] w [" << k.o << ", "
+    << k.c / k.groups << ", " << k.kh << ", " << k.kw << "] stride " << k.stride.str()
+    << " padding " << k.padding.str() << " dilation " << k.dilation.str() << " groups " << k.groups
+    << (k.bias ? " bias" : "");
+  return s.str();
+}
+
+// Largest |got - want| over the largest |want|.
+double relative_error(const std::vector<double>& got, const std::vector<double>& want) {
+  double diff = 0, scale = 0;
+  for (size_t i = 0; i < got.size() && i < want.size(); ++i) {
+    diff = std::max(diff, std::abs(got[i] - want[i]));
+    scale = std::max(scale, std::abs(want[i]));
+  }
+  return got.size() == want.size() ? diff / std::max(scale, 1e-30) : INFINITY;
+}
+
+const ConvCase kCases[] = {
+    // n, c, h, w, o, kh, kw, stride, padding, dilation, groups, bias
+    {2, 4, 9, 9, 6, 3, 3, {1, 1}, {1, 1}, {1, 1}, 1, true},
+    {1, 3, 11, 7, 5, 3, 3, {2, 2}, {1, 1}, {1, 1}, 1, false},  // batch 1, non-square image
+    {2, 6, 10, 10, 4, 3, 3, {1, 1}, {2, 2}, {2, 2}, 2, true},  // dilation, groups
+    {3, 8, 7, 9, 8, 3, 3, {1, 2}, {1, 0}, {1, 1}, 8, true},    // depthwise, mixed stride
+    {2, 16, 6, 6, 8, 1, 1, {1, 1}, {0, 0}, {1, 1}, 1, false},  // 1x1
+    {2, 3, 23, 23, 8, 7, 7, {2, 2}, {3, 3}, {1, 1}, 1, true},  // 7x7/2 stem
+    {2, 4, 8, 10, 6, 2, 3, {2, 3}, {0, 1}, {1, 2}, 2, false},  // non-square kernel, crop
+    {1, 4, 5, 5, 4, 5, 5, {1, 1}, {0, 0}, {1, 1}, 1, true},    // 1x1 output
+    {4, 12, 9, 9, 6, 3, 3, {3, 3}, {1, 1}, {1, 1}, 3, true},   // stride 3, groups 3
+};
+
+}  // namespace
+
+TEST_CASE("conv2d runs its three products on the library and matches the reference", "[nn][conv]") {
+  const bool library = kiln::jit::cpu_conv_available(DType::Float32);
+  if (!library) WARN("no library convolution in this build: the composition is checked alone");
+  for (size_t i = 0; i < std::size(kCases); ++i) {
+    const ConvCase& k = kCases[i];
+    INFO(describe(k));
+    const ConvResult jit = run_case(k, 100 + i, DType::Float32);
+    ConvResult ref;
+    {
+      kiln::test::ExecutorScope scope("reference");
+      ref = run_case(k, 100 + i, DType::Float32);
+    }
+    // The forward is one call; a training step adds backward data and backward weights.
+    CHECK(jit.conv_forward == (library ? 1u : 0u));
+    CHECK(jit.conv_step == (library ? 3u : 0u));
+    CHECK(mismatch(jit.y, ref.y, 5e-5, 5e-5) == "");
+    CHECK(mismatch(jit.dx, ref.dx, 5e-5, 5e-5) == "");
+    CHECK(mismatch(jit.dw, ref.dw, 5e-5, 5e-5) == "");
+    CHECK(mismatch(jit.db, ref.db, 5e-5, 5e-5) == "");
+  }
+}
+
+TEST_CASE("conv2d's patches are not stored when the library convolves", "[nn][conv]") {
+  if (!kiln::jit::cpu_conv_available(DType::Float32)) {
+    WARN("no library convolution in this build: skipped");
+    return;
+  }
+  kiln::manual_seed(7);
+  Tensor x = kiln::randn({2, 4, 9, 9}).eval();
+  Tensor w = kiln::randn({6, 2, 3, 3}).eval();
+  Tensor y = F::conv2d(x, w, Tensor(), {2, 2}, {1, 1}, {1, 1}, 2);
+  std::vector<kiln::Node*> outs{y.node().get()};
+  kiln::jit::FusionPlan plan = kiln::jit::fuse(kiln::pending_subgraph(outs), {outs[0]});
+  size_t convs = 0;
+  for (const kiln::jit::FusionGroup& g : plan.groups) {
+    CHECK(g.root->shape.size() < 7);  // no im2col kernel
+    convs += g.library && g.conv.root ? 1 : 0;
+  }
+  CHECK(convs == 1);
+}
+
+TEST_CASE("conv2d uses its weight twice and keeps float64 on the composition", "[nn][conv]") {
+  const bool library = kiln::jit::cpu_conv_available(DType::Float32);
+  // The same weight in two convolutions (its gradient sums two weight products), and the
+  // second reading the first's output (its backward data feeds the first's products).
+  auto step = [](DType dtype) {
+    kiln::manual_seed(9);
+    Tensor x = kiln::cast(kiln::randn({2, 4, 8, 8}), dtype).eval();
+    Tensor w = kiln::cast(kiln::randn({4, 4, 3, 3}) * 0.3, dtype).eval();
+    x.requires_grad_();
+    w.requires_grad_();
+    Tensor y = F::conv2d(kiln::relu(F::conv2d(x, w, Tensor(), 1, 1)), w, Tensor(), 2, 1);
+    std::vector<Tensor> g = kiln::grad(kiln::sum(y * y), {x, w});
+    kiln::eval({y, g[0], g[1]});
+    return std::tuple{values(y), values(g[0]), values(g[1]),
+                      kiln::jit::last_eval_stats().conv_calls};
+  };
+  for (DType dtype : {DType::Float32, DType::Float64}) {
+    INFO(kiln::dtype_name(dtype));
+    auto [y, dx, dw, convs] = step(dtype);
+    decltype(step(dtype)) ref;
+    {
+      kiln::test::ExecutorScope scope("reference");
+      ref = step(dtype);
+    }
+    // Two forwards, two weight products, two backward data (x requires its gradient).
+    CHECK(convs == (library && dtype == DType::Float32 ? 6u : 0u));
+    const double tol = dtype == DType::Float64 ? 1e-12 : 1e-4;
+    CHECK(mismatch(y, std::get<0>(ref), tol, tol) == "");
+    CHECK(mismatch(dx, std::get<1>(ref), tol, tol) == "");
+    CHECK(mismatch(dw, std::get<2>(ref), tol, tol) == "");
+  }
+}
+
+TEST_CASE("conv2d in bfloat16 runs on the library where the CPU has kernels", "[nn][conv][amp]") {
+  const bool library = kiln::jit::cpu_conv_available(DType::BFloat16);
+  if (!library) WARN("no bfloat16 library convolution on this CPU: the composition is checked");
+  for (size_t i : {0u, 2u, 3u, 5u}) {
+    const ConvCase& k = kCases[i];
+    INFO(describe(k));
+    const ConvResult half = run_case(k, 200 + i, DType::BFloat16);
+    ConvResult ref;
+    {
+      kiln::test::ExecutorScope scope("reference");
+      ref = run_case(k, 200 + i, DType::BFloat16);
+    }
+    CHECK(half.conv_forward == (library ? 1u : 0u));
+    CHECK(half.conv_step == (library ? 3u : 0u));
+    CHECK(relative_error(half.y, ref.y) < 2e-2);
+    CHECK(relative_error(half.dx, ref.dx) < 2e-2);
+    CHECK(relative_error(half.dw, ref.dw) < 2e-2);
+    if (k.bias) CHECK(relative_error(half.db, ref.db) < 2e-2);
+  }
+}
+
+TEST_CASE("a small CNN trains to the reference executor's losses", "[nn][conv][train]") {
+  auto train = [] {
+    kiln::manual_seed(31);
+    Tensor x = kiln::randn({8, 3, 12, 12}).eval();
+    Tensor labels = kiln::from_vector<int64_t>({0, 1, 2, 3, 0, 1, 2, 3}, {8});
+    auto model =
+        std::make_shared<nn::Sequential>(std::initializer_list<std::shared_ptr<nn::UnaryModule>>{
+            std::make_shared<nn::Conv2d>(3, 8, 3, 1, 1), std::make_shared<nn::ReLU>(),
+            std::make_shared<nn::Conv2d>(8, 8, 3, 2, 1, 1, 4), std::make_shared<nn::ReLU>(),
+            std::make_shared<nn::Conv2d>(8, 6, 1), std::make_shared<nn::Flatten>(),
+            std::make_shared<nn::Linear>(6 * 36, 4)});
+    std::vector<double> losses;
+    for (int step = 0; step < 8; ++step) {
+      Tensor loss = nn::cross_entropy(model->forward(x), labels);
+      std::vector<Tensor> params = model->parameters();
+      std::vector<Tensor> g = kiln::grad(loss, params);
+      kiln::NoGradGuard no_grad;
+      for (size_t i = 0; i < params.size(); ++i) params[i].assign(params[i] - g[i] * 0.1);
+      losses.push_back(loss.item<double>());
+    }
+    return losses;
+  };
+  const std::vector<double> jit = train();
+  std::vector<double> ref;
+  {
+    kiln::test::ExecutorScope scope("reference");
+    ref = train();
+  }
+  INFO("loss " << jit.front() << " -> " << jit.back());
+  CHECK(jit.back() < jit.front());
+  CHECK(mismatch(jit, ref, 1e-4, 1e-4) == "");
+}
+
+TEST_CASE("checkpointed library convolutions are rebuilt bit-identically", "[nn][conv][plan]") {
+  if (!kiln::jit::cpu_conv_available(DType::Float32)) {
+    WARN("no library convolution in this build: skipped");
+    return;
+  }
+  // A checkpointed block's values are released after the forward and rebuilt for the
+  // backward: its convolutions run again, as a budget's recomputation would run them.
+  auto step = [](bool checkpointed) {
+    kiln::manual_seed(43);
+    Tensor x = kiln::randn({4, 3, 16, 16}).eval();
+    nn::Conv2d c1(3, 8, 3, 1, 1), c2(8, 8, 3, 1, 1);
+    std::vector<Tensor> params = c1.parameters();
+    for (const Tensor& p : c2.parameters()) params.push_back(p);
+    // c2's weight gradient reads c1's output: released after the forward, c1 runs again.
+    auto block = [&](const Tensor& in) { return c2.forward(c1.forward(in)); };
+    Tensor h = kiln::tanh(checkpointed ? kiln::checkpoint(block, x) : block(x));
+    Tensor loss = kiln::sum(h * h);
+    std::vector<Tensor> g = kiln::grad(loss, params);
+    std::vector<Tensor> all{loss};
+    all.insert(all.end(), g.begin(), g.end());
+    kiln::eval(all);
+    std::vector<float> bits;
+    for (const Tensor& t : all)
+      for (float v : t.to_vector<float>()) bits.push_back(v);
+    return bits;
+  };
+  const std::vector<float> plain = step(false);
+  const std::vector<float> rebuilt = step(true);
+  const kiln::memory::PlanSummary plan = kiln::memory::last_plan();
+  INFO(kiln::memory::plan_report());
+  bool conv_rebuilt = false;
+  for (const kiln::memory::RecomputedValue& r : plan.recomputed)
+    conv_rebuilt = conv_rebuilt || r.name.find("conv2d") != std::string::npos;
+  CHECK(conv_rebuilt);
+  CHECK(kiln::jit::last_eval_stats().conv_calls == 5);  // 2 forwards, 2 weights, 1 data
+  REQUIRE(rebuilt.size() == plain.size());
+  CHECK(std::memcmp(rebuilt.data(), plain.data(), plain.size() * sizeof(float)) == 0);
+}
