@@ -172,11 +172,18 @@ int main(int argc, char** argv) {
     for (Precision p : *precisions) {
       const KilnRun kiln = run_kiln(w, p, reps);
       if (p == Precision::Float32) fp32 = kiln;
-      std::vector<std::pair<std::string, double>> kept = {
-          {"kept_activation_bytes",
-           kiln.kept.found ? static_cast<double>(kiln.kept.activations) : -1},
-          {"kept_leaf_copy_bytes",
-           kiln.kept.found ? static_cast<double>(kiln.kept.leaf_copies) : -1}};
+      // Every row's memory figures: both peaks, the final loss and the kept bytes.
+      auto memory_extras = [&](const TorchRun& torch) {
+        return std::vector<std::pair<std::string, double>>{
+            {"kiln_peak_bytes", kiln.peak},
+            {"torch_peak_bytes", torch.peak},
+            {"final_loss", kiln.loss},
+            {"kept_activation_bytes",
+             kiln.kept.found ? static_cast<double>(kiln.kept.activations) : -1},
+            {"kept_leaf_copy_bytes",
+             kiln.kept.found ? static_cast<double>(kiln.kept.leaf_copies) : -1},
+            {"torch_saved_bytes", torch.saved}};
+      };
       if (p == Precision::Float32) {
         for (bool compile : {false, true}) {
           const TorchRun torch = run_torch(w.name, threads, reps, compile, p);
@@ -190,11 +197,7 @@ int main(int argc, char** argv) {
             r.target = w.target;
             r.target_kind = "ratio<=";
           }
-          r.extra = {{"kiln_peak_bytes", kiln.peak},
-                     {"torch_peak_bytes", torch.peak},
-                     {"final_loss", kiln.loss}};
-          r.extra.insert(r.extra.end(), kept.begin(), kept.end());
-          r.extra.push_back({"torch_saved_bytes", torch.saved});
+          r.extra = memory_extras(torch);
           char buf[200];
           std::snprintf(buf, sizeof buf,
                         "peak kiln %.0f MB / torch %.0f MB (RSS growth); kept for backward kiln "
@@ -221,11 +224,7 @@ int main(int argc, char** argv) {
         r.target = 1.0;
         r.target_kind = "ratio<=";
       }
-      r.extra = {{"kiln_peak_bytes", kiln.peak},
-                 {"torch_peak_bytes", torch.peak},
-                 {"final_loss", kiln.loss}};
-      r.extra.insert(r.extra.end(), kept.begin(), kept.end());
-      r.extra.push_back({"torch_saved_bytes", torch.saved});
+      r.extra = memory_extras(torch);
       std::string note;
       char buf[320];
       if (fp32) {

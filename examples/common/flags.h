@@ -32,6 +32,7 @@ class Flags {
   /// Declares a flag with its default ("" reads as "none" in the usage) and a description.
   void add(const std::string& name, const std::string& fallback, const std::string& help) {
     values_[name] = fallback;
+    defaults_[name] = fallback;
     order_.push_back({name, help});
   }
   /// Adds a paragraph after the options (environment variables, examples).
@@ -121,13 +122,15 @@ class Flags {
   void usage(std::ostream& os) const {
     os << "usage: " << program_ << " [options]\n" << summary_ << "\n\noptions:\n";
     for (const auto& [name, help] : order_) {
-      const std::string& v = values_.at(name);
+      // The declared default, not a value parsed before the usage was printed.
+      const std::string& v = defaults_.at(name);
       os << "  --" << name << " (default: " << (v.empty() ? "none" : v) << ")\n      " << help
          << "\n";
     }
     os << "  --help\n      print this text and exit\n" << notes_;
   }
   std::string program_, summary_, notes_;
+  std::map<std::string, std::string> defaults_;
   std::map<std::string, std::string> values_;
   std::vector<std::pair<std::string, std::string>> order_;
 };
