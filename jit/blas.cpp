@@ -2,6 +2,10 @@
 
 #include <dlfcn.h>
 
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
 #include <cstdio>
 #include <cstring>
 #include <map>
@@ -230,18 +234,56 @@ bool dnnl_half_available(DType dtype) {
 }
 #endif
 
-// A half-precision operand or result element as float, and back (round to nearest even).
-float half_to_float(DType t, uint16_t bits) {
-  return t == DType::BFloat16 ? bfloat16_bits_to_float(bits) : half_bits_to_float(bits);
+// A contiguous run of float16 as float32. The library is built for baseline x86-64, where
+// each element took a branchy bit-twiddle (the float16 products on a CPU without oneDNN
+// float16 kernels spent more time widening than multiplying); with F16C, 8 per instruction.
+// F16C's conversion is exact for every number; it quiets a signalling NaN, which a product
+// turns into a quiet NaN anyway.
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+__attribute__((target("avx,f16c"))) void half_run_f16c(const uint16_t* x, int64_t n, float* out) {
+  int64_t j = 0;
+  for (; j + 8 <= n; j += 8)
+    _mm256_storeu_ps(out + j,
+                     _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x + j))));
+  for (; j < n; ++j) out[j] = half_bits_to_float(x[j]);
+}
+bool host_has_f16c() {
+  static const bool has = __builtin_cpu_supports("f16c") && __builtin_cpu_supports("avx");
+  return has;
+}
+#endif
+
+void widen_run(DType t, const uint16_t* x, int64_t n, float* out) {
+  if (t == DType::BFloat16) {
+    // A bfloat16 is the top half of a float32: a shift the compiler vectorizes.
+    for (int64_t j = 0; j < n; ++j) {
+      const uint32_t bits = static_cast<uint32_t>(x[j]) << 16;
+      std::memcpy(out + j, &bits, sizeof bits);
+    }
+    return;
+  }
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+  if (host_has_f16c()) return half_run_f16c(x, n, out);
+#endif
+  for (int64_t j = 0; j < n; ++j) out[j] = half_bits_to_float(x[j]);
 }
 
 // op(X) of a half matrix as a dense float32 rows x cols matrix (row-major, no transpose).
 void widen(DType t, bool trans, int64_t rows, int64_t cols, const uint16_t* x, int64_t ld,
            std::vector<float>& out) {
   out.resize(static_cast<size_t>(rows * cols));
-  for (int64_t i = 0; i < rows; ++i)
-    for (int64_t j = 0; j < cols; ++j)
-      out[static_cast<size_t>(i * cols + j)] = half_to_float(t, x[trans ? j * ld + i : i * ld + j]);
+  if (!trans) {
+    for (int64_t i = 0; i < rows; ++i) widen_run(t, x + i * ld, cols, out.data() + i * cols);
+    return;
+  }
+  // Transposed: stored row r of X is column r of the result; widen it, then scatter it.
+  thread_local std::vector<float> run;
+  run.resize(static_cast<size_t>(rows));
+  for (int64_t j = 0; j < cols; ++j) {
+    widen_run(t, x + j * ld, rows, run.data());
+    for (int64_t i = 0; i < rows; ++i)
+      out[static_cast<size_t>(i * cols + j)] = run[static_cast<size_t>(i)];
+  }
 }
 
 #if KILN_WITH_BLAS
