@@ -221,22 +221,33 @@ TEST_CASE("cuda: matmuls run on cuBLAS for f32/f16/bf16 and match a float64 prod
   }
 }
 
+namespace {
+
+// The MLP of the training-step cases on `device`, seeded, with its batch.
+struct SmallMlp {
+  std::shared_ptr<kiln::nn::Sequential> net;
+  Tensor x, y;
+};
+SmallMlp small_mlp(Device device) {
+  kiln::manual_seed(7);
+  namespace nn = kiln::nn;
+  SmallMlp m;
+  m.net = std::make_shared<nn::Sequential>(std::initializer_list<std::shared_ptr<nn::UnaryModule>>{
+      std::make_shared<nn::Linear>(32, 64), std::make_shared<nn::ReLU>(),
+      std::make_shared<nn::Linear>(64, 10)});
+  m.net->to(device);
+  m.x = kiln::from_vector<float>(random_floats(16 * 32, 9), {16, 32}, device);
+  m.y = kiln::from_vector<int64_t>({0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 0, 1, 2, 3, 4, 5}, {16}, device);
+  return m;
+}
+
+}  // namespace
+
 TEST_CASE("cuda: an MLP training step on cuda:0 matches the same step on the cpu", "[cuda]") {
   KILN_REQUIRE_GPU();
   auto run = [](Device device) {
-    kiln::manual_seed(7);
-    namespace nn = kiln::nn;
-    auto net =
-        std::make_shared<nn::Sequential>(std::initializer_list<std::shared_ptr<nn::UnaryModule>>{
-            std::make_shared<nn::Linear>(32, 64), std::make_shared<nn::ReLU>(),
-            std::make_shared<nn::Linear>(64, 10)});
-    net->to(device);
-    kiln::optim::AdamOptions options;
-    options.lr = 1e-2;
-    kiln::optim::Adam opt(net->parameters(), options);
-    Tensor x = kiln::from_vector<float>(random_floats(16 * 32, 9), {16, 32}, device);
-    Tensor y =
-        kiln::from_vector<int64_t>({0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 0, 1, 2, 3, 4, 5}, {16}, device);
+    auto [net, x, y] = small_mlp(device);
+    kiln::optim::Adam opt(net->parameters(), {.lr = 1e-2});
     std::vector<double> losses;
     for (int step = 0; step < 5; ++step) {
       opt.zero_grad();
@@ -263,18 +274,9 @@ TEST_CASE("cuda: a float16 autocast MLP step with a GradScaler tracks float32 on
   // the update. Tolerance: float16 rounds each product's operands and result (~1e-3
   // relative), over five steps.
   auto run = [](Device device, bool amp_on) {
-    kiln::manual_seed(7);
-    namespace nn = kiln::nn;
-    auto net =
-        std::make_shared<nn::Sequential>(std::initializer_list<std::shared_ptr<nn::UnaryModule>>{
-            std::make_shared<nn::Linear>(32, 64), std::make_shared<nn::ReLU>(),
-            std::make_shared<nn::Linear>(64, 10)});
-    net->to(device);
+    auto [net, x, y] = small_mlp(device);
     kiln::optim::Adam opt(net->parameters(), {.lr = 1e-2});
     kiln::amp::GradScaler scaler({.enabled = amp_on});
-    Tensor x = kiln::from_vector<float>(random_floats(16 * 32, 9), {16, 32}, device);
-    Tensor y =
-        kiln::from_vector<int64_t>({0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 0, 1, 2, 3, 4, 5}, {16}, device);
     std::vector<double> losses;
     for (int step = 0; step < 5; ++step) {
       opt.zero_grad();
