@@ -149,11 +149,12 @@ FusionPlan fuse(const std::vector<Node*>& schedule, const std::unordered_set<Nod
   // hold one running total instead of 8 live terms per fused sum.
   std::unordered_map<Node*, GemmMatch> accumulations;  // by the add
   std::unordered_set<Node*> accumulated;  // products absorbed into an add or a rounding
+  // A product still free to be absorbed (by an add below, or by a rounding).
+  auto gemm_of = [&](Node* n) -> const GemmMatch* {
+    auto it = gemms.find(n);
+    return it == gemms.end() || accumulated.count(n) ? nullptr : &it->second;
+  };
   if (!no_fusion && !pass_disabled("LIBRARY") && !pass_disabled("ACCUMULATE")) {
-    auto gemm_of = [&](Node* n) -> const GemmMatch* {
-      auto it = gemms.find(n);
-      return it == gemms.end() || accumulated.count(n) ? nullptr : &it->second;
-    };
     auto stored = [&](Node* n) {
       return n->is_evaluated() || (gemms.count(n) && !accumulated.count(n)) ||
              accumulations.count(n);
@@ -171,10 +172,6 @@ FusionPlan fuse(const std::vector<Node*>& schedule, const std::unordered_set<Nod
   // float32 product never exists (an autocast layer keeps and passes on half the bytes).
   std::unordered_map<Node*, GemmMatch> roundings;  // by the cast
   if (!no_fusion && !pass_disabled("LIBRARY") && !pass_disabled("ROUNDING")) {
-    auto gemm_of = [&](Node* n) -> const GemmMatch* {
-      auto it = gemms.find(n);
-      return it == gemms.end() || accumulated.count(n) ? nullptr : &it->second;
-    };
     for (Node* n : schedule) {
       GemmMatch m;
       if (match_rounding(n, single_use, gemm_of, &m)) {

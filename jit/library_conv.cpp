@@ -42,46 +42,6 @@ struct Geometry {
   int64_t sh = 1, sw = 1, ph = 0, pw = 0, dh = 1, dw = 1;
 };
 
-// An index expression as coefficients of the coordinates plus a constant.
-bool linear(const IndexExpr& e, int64_t scale, std::vector<int64_t>& coef, int64_t& offset) {
-  using K = IndexExpr::Kind;
-  switch (e.kind()) {
-    case K::Const:
-      offset += scale * e.value();
-      return true;
-    case K::Var: {
-      const auto d = static_cast<size_t>(e.value());
-      if (d >= coef.size()) return false;
-      coef[d] += scale;
-      return true;
-    }
-    case K::Add:
-      for (const IndexExpr& a : e.args())
-        if (!linear(a, scale, coef, offset)) return false;
-      return true;
-    case K::Mul: {
-      int64_t c = scale;
-      const IndexExpr* rest = nullptr;
-      for (const IndexExpr& a : e.args()) {
-        if (a.is_const()) {
-          c *= a.value();
-        } else if (rest == nullptr) {
-          rest = &a;
-        } else {
-          return false;
-        }
-      }
-      if (rest == nullptr) {
-        offset += c;
-        return true;
-      }
-      return linear(*rest, c, coef, offset);
-    }
-    default:
-      return false;
-  }
-}
-
 // conv2d's im2col map: image [N, C, H, W] at [n, g*Cg + c, oh*sh - ph + i*dh,
 // ow*sw - pw + j*dw] for patch coordinates [g, n, oh, ow, c, i, j] (a read for the patches,
 // a sum for col2im). A coordinate of extent 1 is always 0: its coefficient is free.
@@ -97,7 +57,7 @@ bool parse_im2col(const std::vector<IndexExpr>& map, const Shape& p, const Shape
   std::array<int64_t, 4> off{};
   for (size_t k = 0; k < 4; ++k) {
     coef[k].assign(7, 0);
-    if (!linear(map[k], 1, coef[k], off[k])) return false;
+    if (!affine_in_coordinates(map[k], &coef[k], &off[k])) return false;
   }
   // Image dimension k reads only the patch dimensions `dims`.
   auto only = [&](size_t k, std::initializer_list<int> dims) {

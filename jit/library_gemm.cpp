@@ -174,6 +174,19 @@ bool reduce_to_vars(Linear& lin, const Shape& dom) {
 
 }  // namespace
 
+bool affine_in_coordinates(const IndexExpr& e, std::vector<int64_t>* coef, int64_t* offset) {
+  Linear lin;
+  if (!lin.add(e, 1)) return false;
+  for (const auto& [c, term] : lin.terms) {
+    if (term.kind() != IndexExpr::Kind::Var) return false;
+    const auto d = static_cast<size_t>(term.value());
+    if (d >= coef->size()) return false;
+    (*coef)[d] += c;
+  }
+  *offset += lin.offset;
+  return true;
+}
+
 bool operand_strides(const std::vector<IndexExpr>& map, const Shape& own, const Shape& dom,
                      std::vector<int64_t>* strides, int64_t* offset) {
   strides->assign(dom.size(), -1);

@@ -27,6 +27,9 @@ struct GemmMatch {
   Node* rounded = nullptr;
 };
 
+/// `e` as sum(coef[d] * coordinate d) + offset, added into *coef (one entry per coordinate)
+/// and *offset; false when `e` is not affine in the coordinates alone (no // or %).
+bool affine_in_coordinates(const IndexExpr& e, std::vector<int64_t>* coef, int64_t* offset);
 /// Per dimension of `dom`, the element stride at which `map` (one expression per dimension
 /// of a contiguous tensor of shape `own`) reads it (-1: not read), and the element offset of
 /// coordinate 0. False unless the map is a composition of permutes, reshapes and slices that
