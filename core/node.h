@@ -21,6 +21,18 @@ struct Node;
 using NodePtr = std::shared_ptr<Node>;
 
 /// One meta-op application. Attributes not used by an op keep their defaults.
+/// Whether fusion stores a value it would otherwise inline into its consumers.
+enum class StoreHint : uint8_t {
+  None,
+  /// Always stored: a join's inner pieces, so its kernels do not depend on how many pieces
+  /// there are; a value a library product reads anyway.
+  Always,
+  /// Stored only where no memory budget applies to the evaluation: values a backward pass
+  /// reads that cost more to rebuild than to keep (an LSTM's gates). Under a budget they
+  /// are inlined again, so the planner releases what they are computed from, as before.
+  Unbudgeted,
+};
+
 struct Node : std::enable_shared_from_this<Node> {
   Node(OpCode op, std::vector<NodePtr> inputs, Shape shape, DType dtype, Device device);
   ~Node();
@@ -58,11 +70,9 @@ struct Node : std::enable_shared_from_this<Node> {
   /// Nonzero for nodes built inside kiln::checkpoint (the region's number): the memory
   /// planner releases their values once the region is done and rebuilds them when read.
   uint32_t checkpoint_region = 0;
-  /// Fusion stores this value instead of inlining it into its consumers: a join's inner
-  /// pieces (so its kernels do not depend on how many pieces there are) and values a
-  /// backward pass reads that cost more to rebuild than to keep (an LSTM's gates). A hint
+  /// Fusion stores this value instead of inlining it into its consumers (StoreHint). A hint
   /// only: results do not change, and a memory budget may still drop and rebuild the value.
-  bool store_hint = false;
+  StoreHint store_hint = StoreHint::None;
 
   // --- autograd ---
   /// Gradients flow through this node: set at construction when grad mode is on, the dtype

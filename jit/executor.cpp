@@ -364,8 +364,9 @@ uint64_t signature(const std::vector<Node*>& schedule, const std::unordered_set<
     }
     uint64_t k = hash_combine(node_key(*n, in_keys.data(), in_keys.size()), fusion_size_class(*n));
     key[n] = k;
-    // Fusion reads the store hint too, so two schedules differing in it fuse differently.
-    const uint64_t role = (outputs.count(n) ? 1 : 0) | (n->store_hint ? 2 : 0);
+    // Fusion reads the store hint too, so two schedules differing in it (or in whether a
+    // budget turns it off) fuse differently.
+    const uint64_t role = (outputs.count(n) ? 1 : 0) | (stored_by_hint(*n) ? 2 : 0);
     sig = hash_combine(sig, hash_combine(k, role));
   }
   return sig;

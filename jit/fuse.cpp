@@ -7,6 +7,7 @@
 #include <unordered_map>
 
 #include "../core/settings.h"
+#include "../memory/budget.h"
 #include "kernel_ir.h"
 
 namespace kiln::jit {
@@ -83,6 +84,11 @@ bool pass_disabled(const char* pass) {
   const bool off = settings::flag("KILN_DISABLE_" + std::string(pass));
   cache.emplace(pass, off);
   return off;
+}
+
+bool stored_by_hint(const Node& n) {
+  return n.store_hint == StoreHint::Always ||
+         (n.store_hint == StoreHint::Unbudgeted && memory::budget(n.device) == 0);
 }
 
 FusionPlan fuse(const std::vector<Node*>& schedule, const std::unordered_set<Node*>& outputs) {
@@ -221,7 +227,7 @@ FusionPlan fuse(const std::vector<Node*>& schedule, const std::unordered_set<Nod
       const bool row_stage = row_candidates.count(n) && !stored_rows.count(n);
       // A row stage's total is computed once per row: per element it costs nothing.
       if (row_stage) c = 0;
-      bool keep = no_fusion || outputs.count(n) || forced.count(n) || n->store_hint ||
+      bool keep = no_fusion || outputs.count(n) || forced.count(n) || stored_by_hint(*n) ||
                   convs.count(n) ||
                   (n->op == OpCode::ReindexReduce && !accumulated.count(n) && !row_stage &&
                    !conv_inner.count(n)) ||

@@ -41,6 +41,10 @@ struct FusionPlan {
 /// (KILN_DISABLE_ACCUMULATE=1 keeps the add separate).
 FusionPlan fuse(const std::vector<Node*>& schedule, const std::unordered_set<Node*>& outputs);
 
+/// Whether n's store hint makes fusion store it now: StoreHint::Always, or
+/// StoreHint::Unbudgeted while n's device has no memory budget (memory/budget.h).
+bool stored_by_hint(const Node& n);
+
 /// The size-dependent part of the fusion choices about `n` (whether a reduction can be a
 /// row stage at its sizes): plans cached for one schedule are reused only where it agrees.
 uint64_t fusion_size_class(const Node& n);

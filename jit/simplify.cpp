@@ -320,7 +320,9 @@ class Simplifier {
   // A store hint survives its node being replaced: the representative computes the same
   // value (a fill or a leaf needs no storing).
   static void keep_hint(const Node* replaced, Node* by) {
-    if (replaced->store_hint && !by->is_evaluated() && by->op != OpCode::Full) by->store_hint = true;
+    if (replaced->store_hint != StoreHint::None && by->store_hint != StoreHint::Always &&
+        !by->is_evaluated() && by->op != OpCode::Full)
+      by->store_hint = replaced->store_hint;
   }
 
   void count(Reason why) {

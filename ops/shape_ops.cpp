@@ -407,10 +407,12 @@ Tensor concat(const std::vector<Tensor>& tensors, int64_t axis) {
 
 namespace detail {
 
-Tensor store_hint(const Tensor& x) {
+Tensor store_hint(const Tensor& x, StoreHint hint) {
   // A fill is a literal in every kernel that reads it: storing it would only cost a pass.
-  if (x.defined() && !x.node()->is_evaluated() && x.node()->op != OpCode::Full)
-    x.node()->store_hint = true;
+  // The stronger hint wins when two callers hint the same value.
+  if (x.defined() && !x.node()->is_evaluated() && x.node()->op != OpCode::Full &&
+      x.node()->store_hint != StoreHint::Always)
+    x.node()->store_hint = hint;
   return x;
 }
 

@@ -202,9 +202,12 @@ TEST_CASE("budgeted training steps are bit-identical and stay within the budget"
   BudgetGuard guard;
   // The fractions the planner reaches on each model today (docs/memory.md, "Known limits").
   // This MLP keeps its gradients (1.6 MB of the 2.7 MB the step adds) and one activation
-  // per layer, which leaves too little to release below about 0.55.
+  // per layer, which leaves too little to release below about 0.55. Unbudgeted, the LSTM
+  // stores its gates and its releasable bytes are 0.6x what they were when it held 0.2;
+  // budgeted, it inlines them as then, so its floor (the stacking of its outputs), the same
+  // in bytes, is about 0.3 of the new releasable bytes.
   const std::vector<std::pair<const char*, std::vector<double>>> cases{
-      {"mlp", {0.8, 0.6}}, {"lstm", {0.8, 0.5, 0.33, 0.2}}, {"transformer", {0.5, 0.33, 0.2}}};
+      {"mlp", {0.8, 0.6}}, {"lstm", {0.8, 0.5, 0.33}}, {"transformer", {0.5, 0.33, 0.2}}};
   for (const auto& [kind, fractions] : cases) {
     const Reference ref = reference(kind);
     REQUIRE(ref.step_bytes > 0);
@@ -311,7 +314,13 @@ TEST_CASE("once a step's plan is fixed the pool's measured reserve stays within 
     // reserve cannot be held, and the plan has to say so rather than claim it (it did
     // before the plan counted the pool's segments).
     const bool medium = std::string(kind) == "lstm_medium";
-    for (double fraction : {0.5, 0.33}) {
+    // Unbudgeted, the LSTMs store their gates, so their releasable bytes are 0.6x what they
+    // were when these fractions were 0.5 and 0.33 (test above): for the small one's step
+    // with its gradients released, 0.45 is then the tightest budget here, and the medium one
+    // holds its reserve at 0.7. In bytes both are below the old fractions' budgets.
+    const bool small_lstm = std::string(kind) == "lstm";
+    const double held = medium ? 0.7 : 0.5;
+    for (double fraction : {held, small_lstm ? 0.45 : 0.33}) {
       INFO(kind << " at " << fraction);
       Trainer t = make_trainer(kind);
       t.release_grads = true;
@@ -345,9 +354,9 @@ TEST_CASE("once a step's plan is fixed the pool's measured reserve stays within 
       CHECK(plan.reserve_over_budget == (plan.planned_reserve > budget));
       // Where the plan holds the reserve, the pool's does not exceed the budget. Whether it
       // can hold depends on the free space that blocks of earlier tests pin in the pool's
-      // segments; at 0.5 the medium model's budget leaves room for it.
+      // segments; at 0.7 the medium model's budget leaves room for it.
       if (!plan.reserve_over_budget) CHECK(st.peak_reserved <= budget);
-      if (medium && fraction == 0.5) CHECK_FALSE(plan.reserve_over_budget);
+      if (medium && fraction == held) CHECK_FALSE(plan.reserve_over_budget);
       if (!medium) CHECK(plan.reserve_over_budget);
     }
   }

@@ -118,10 +118,20 @@ LSTMOutput LSTM::forward(const Tensor& input, const Tensor& h0_in, const Tensor&
       // the whole sequence at once would need the sequence's gradient scattered back from
       // T step slices.
       Tensor gates = linear(inputs[static_cast<size_t>(t)], l.w_ih, b) + linear(h, l.w_hh);
-      Tensor i = sigmoid(slice(gates, 1, 0, hs));
-      Tensor f = sigmoid(slice(gates, 1, hs, 2 * hs));
-      Tensor g = tanh(slice(gates, 1, 2 * hs, 3 * hs));
-      Tensor o = sigmoid(slice(gates, 1, 3 * hs, 4 * hs));
+      // Where no memory budget applies the gates are stored: the backward reads them
+      // (sigmoid' = s(1 - s), tanh' = 1 - t^2) and so does the cell update, and recomputing
+      // them per reader re-read both products and the biases and ran the exponentials again
+      // in every backward kernel. Stored, the products die in the forward pass, so the step
+      // also keeps a third fewer bytes. Under a budget they are inlined as before: rebuilding
+      // a released gate would take both products again, and near the step's floor the
+      // planner's extra work went from +28% to +112% (bench_plan's LSTM).
+      auto gate = [](const Tensor& v) {
+        return kiln::detail::store_hint(v, StoreHint::Unbudgeted);
+      };
+      Tensor i = gate(sigmoid(slice(gates, 1, 0, hs)));
+      Tensor f = gate(sigmoid(slice(gates, 1, hs, 2 * hs)));
+      Tensor g = gate(tanh(slice(gates, 1, 2 * hs, 3 * hs)));
+      Tensor o = gate(sigmoid(slice(gates, 1, 3 * hs, 4 * hs)));
       c = f * c + i * g;
       // Stored: the next step's product reads it anyway, and the last step's then joins
       // the output like the others (one kind of piece for the join's kernels).
