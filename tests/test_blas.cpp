@@ -84,55 +84,79 @@ void check_random_gemms(DType dtype, uint64_t seed, int cases, double tol) {
   }
 }
 
-// float16/bfloat16 operands, float32 result: inputs are exact halves, the reference sums
-// them in float64, and the float32 accumulation is bounded by k units of float32 of the
-// sum's magnitude.
-void check_random_half_gemms(DType dtype, uint64_t seed, int cases) {
-  std::mt19937_64 rng(seed);
+// One float16/bfloat16 product of layout `l` on random inputs against float64: inputs are
+// exact halves, the reference sums them in float64, and the float32 accumulation is bounded by
+// k units of float32 of the sum's magnitude (<= k + 1 here). Without accumulation the same
+// product is also rounded once into a half result.
+void check_half_gemm(DType dtype, const Layout& l, std::mt19937_64& rng) {
+  const auto [m, n, k, ta, tb, acc, lda, ldb, ldc] = l;
   std::uniform_real_distribution<float> value(-1, 1);
   const bool bf16 = dtype == DType::BFloat16;
   auto to_half = [&](float v) { return bf16 ? float_to_bfloat16_bits(v) : float_to_half_bits(v); };
   auto to_float = [&](uint16_t h) {
     return bf16 ? bfloat16_bits_to_float(h) : half_bits_to_float(h);
   };
+  std::vector<uint16_t> a(static_cast<size_t>((ta ? k : m) * lda)),
+      b(static_cast<size_t>((tb ? n : k) * ldb));
+  std::vector<float> c(static_cast<size_t>(m * ldc));
+  for (auto* v : {&a, &b})
+    for (uint16_t& x : *v) x = to_half(value(rng));
+  for (float& x : c) x = value(rng);
+  std::vector<double> da(a.size()), db(b.size()), dc(c.begin(), c.end());
+  for (size_t i = 0; i < a.size(); ++i) da[i] = to_float(a[i]);
+  for (size_t i = 0; i < b.size(); ++i) db[i] = to_float(b[i]);
+  const std::vector<double> expected =
+      reference_gemm(ta, tb, m, n, k, da, lda, db, ldb, dc, ldc, acc);
+  const std::vector<float> c0 = c;
+  jit::cpu_gemm(dtype, ta, tb, m, n, k, a.data(), lda, b.data(), ldb, acc, c.data(), ldc);
+  INFO(dtype_name(dtype) << " " << m << "x" << k << " @ " << k << "x" << n << (ta ? " A^T" : "")
+                         << (tb ? " B^T" : "") << (acc ? " += " : "") << " lda " << lda << " ldb "
+                         << ldb << " ldc " << ldc);
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t j = 0; j < ldc; ++j) {
+      const size_t at = static_cast<size_t>(i * ldc + j);
+      if (j >= n) {
+        // Past the row: another part's columns, which the call must leave alone.
+        REQUIRE(c[at] == c0[at]);
+        continue;
+      }
+      const double want = expected[at], got = c[at];
+      INFO("element " << i << ", " << j << ": " << got << " vs " << want);
+      REQUIRE(std::abs(got - want) <= 1e-6 * static_cast<double>(k + 1));
+    }
+  if (acc) return;
+  // The same product rounded once into a half result (autocast's layers): within half a
+  // unit of the half's last place of the exact sum, plus the float32 accumulation.
+  std::vector<uint16_t> h(static_cast<size_t>(m * ldc), 0x7e00);
+  jit::cpu_gemm(dtype, ta, tb, m, n, k, a.data(), lda, b.data(), ldb, false, h.data(), ldc, true);
+  const double unit = bf16 ? 1.0 / 256 : 1.0 / 2048;  // half an ulp, relative
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t j = 0; j < ldc; ++j) {
+      const size_t at = static_cast<size_t>(i * ldc + j);
+      if (j >= n) {
+        REQUIRE(h[at] == 0x7e00);
+        continue;
+      }
+      const double want = expected[at], got = to_float(h[at]);
+      INFO("rounded element " << i << ", " << j << ": " << got << " vs " << want);
+      REQUIRE(std::abs(got - want) <=
+              unit * std::abs(want) * 1.0001 + 1e-6 * static_cast<double>(k + 1));
+    }
+}
+
+void check_random_half_gemms(DType dtype, uint64_t seed, int cases) {
+  std::mt19937_64 rng(seed);
   for (int t = 0; t < cases; ++t) {
-    const auto [m, n, k, ta, tb, acc, lda, ldb, ldc] = random_layout(rng, t, 200);
-    std::vector<uint16_t> a(static_cast<size_t>((ta ? k : m) * lda)),
-        b(static_cast<size_t>((tb ? n : k) * ldb));
-    std::vector<float> c(static_cast<size_t>(m * ldc));
-    for (auto* v : {&a, &b})
-      for (uint16_t& x : *v) x = to_half(value(rng));
-    for (float& x : c) x = value(rng);
-    std::vector<double> da(a.size()), db(b.size()), dc(c.begin(), c.end());
-    for (size_t i = 0; i < a.size(); ++i) da[i] = to_float(a[i]);
-    for (size_t i = 0; i < b.size(); ++i) db[i] = to_float(b[i]);
-    const std::vector<double> expected =
-        reference_gemm(ta, tb, m, n, k, da, lda, db, ldb, dc, ldc, acc);
-    jit::cpu_gemm(dtype, ta, tb, m, n, k, a.data(), lda, b.data(), ldb, acc, c.data(), ldc);
-    INFO(dtype_name(dtype) << " case " << t << ": " << m << "x" << k << " @ " << k << "x" << n
-                           << (ta ? " A^T" : "") << (tb ? " B^T" : "") << (acc ? " += " : ""));
-    for (int64_t i = 0; i < m; ++i)
-      for (int64_t j = 0; j < n; ++j) {
-        const size_t at = static_cast<size_t>(i * ldc + j);
-        const double want = expected[at], got = c[at];
-        INFO("element " << i << ", " << j << ": " << got << " vs " << want);
-        REQUIRE(std::abs(got - want) <= 1e-6 * static_cast<double>(k + 1));
-      }
-    if (acc) continue;
-    // The same product rounded once into a half result (autocast's layers): within half a
-    // unit of the half's last place of the exact sum, plus the float32 accumulation.
-    std::vector<uint16_t> h(static_cast<size_t>(m * ldc), 0x7e00);
-    jit::cpu_gemm(dtype, ta, tb, m, n, k, a.data(), lda, b.data(), ldb, false, h.data(), ldc, true);
-    const double unit = bf16 ? 1.0 / 256 : 1.0 / 2048;  // half an ulp, relative
-    for (int64_t i = 0; i < m; ++i)
-      for (int64_t j = 0; j < n; ++j) {
-        const size_t at = static_cast<size_t>(i * ldc + j);
-        const double want = expected[at], got = to_float(h[at]);
-        INFO("rounded element " << i << ", " << j << ": " << got << " vs " << want);
-        REQUIRE(std::abs(got - want) <=
-                unit * std::abs(want) * 1.0001 + 1e-6 * static_cast<double>(k + 1));
-      }
+    INFO("case " << t);
+    check_half_gemm(dtype, random_layout(rng, t, 200), rng);
   }
+}
+
+// Whether oneDNN has bfloat16 brgemm kernels on this CPU (AVX512-BF16 or AMX).
+bool has_bf16_brgemm() {
+  const jit::GemmPath p = jit::gemm_path(DType::BFloat16);
+  return p.library == "oneDNN" && (p.kernels.rfind("avx512_core_bf16", 0) == 0 ||
+                                   p.kernels.rfind("avx512_core_amx", 0) == 0);
 }
 
 }  // namespace
@@ -342,4 +366,76 @@ TEST_CASE("half-precision matmuls run as library GEMMs and match the reference",
       }
     }
   }
+}
+
+TEST_CASE("bfloat16 products with a transposed A run on brgemm in every part of a split",
+          "[blas][matmul][dtype]") {
+  // kiln's pool splits a product by rows or columns, so a part's A (transposed: rows of a
+  // weight gradient dY^T), B or C has a leading dimension wider than the part. oneDNN 2.6.3
+  // runs such strides on gemm:jit, 2-3x slower than brgemm with a transposed A; those parts
+  // are copied dense first. The parts of an MLP step's weight gradients (dW = dY^T X, the
+  // batch of 128 summed) on two threads, by rows and by columns, rounded or float32,
+  // accumulated, with and without padding.
+  if (!jit::cpu_gemm_available(DType::BFloat16)) {
+    WARN("no bfloat16 GEMM library in this build: skipped");
+    return;
+  }
+  const bool brgemm = has_bf16_brgemm();
+  if (!brgemm)
+    WARN("oneDNN has no bfloat16 brgemm kernels on this CPU (" +
+         jit::gemm_path(DType::BFloat16).kernels +
+         "): values are checked, the implementation is not");
+  struct Part {
+    const char* what;
+    Layout l;
+  };
+  // Layout: m, n, k, ta, tb, acc, lda, ldb, ldc.
+  const std::vector<Part> parts{
+      {"dW2 by rows", {512, 1024, 128, true, false, false, 1024, 1024, 1024}},
+      {"dW1 by rows", {512, 784, 128, true, false, false, 1024, 784, 784}},
+      {"dW1 by columns", {1024, 392, 128, true, false, false, 1024, 784, 784}},
+      {"dW3 by columns", {10, 512, 128, true, false, false, 10, 1024, 1024}},
+      {"odd sizes by rows, B^T", {37, 45, 29, true, true, false, 80, 29, 45}},
+      {"accumulated, by columns", {96, 40, 64, true, false, true, 96, 81, 83}},
+  };
+  std::mt19937_64 rng(41);
+  for (const Part& p : parts) {
+    INFO(p.what);
+    const auto& l = p.l;
+    check_half_gemm(DType::BFloat16, l, rng);
+    for (bool rounded : {false, true}) {
+      if (rounded && l.acc) continue;
+      const jit::HalfGemmKernel kernel = jit::half_gemm_kernel(
+          DType::BFloat16, l.ta, l.tb, l.m, l.n, l.k, l.lda, l.ldb, l.ldc, l.acc, rounded);
+      INFO("oneDNN implementation: " << kernel.implementation << (rounded ? " (rounded)" : ""));
+      if (!brgemm) continue;
+      CHECK(kernel.implementation.rfind("brg:", 0) == 0);
+      // The parts that needed them, and only those, are copied.
+      CHECK(kernel.dense_a == (l.lda != l.m));
+      CHECK(kernel.dense_b == (l.ldb != (l.tb ? l.k : l.n)));
+      CHECK(kernel.dense_c == (l.ldc != l.n));
+    }
+  }
+  // Dense layouts of the same step (a part split by rows of a plain A, a whole product) go
+  // to brgemm as they are, with no copies.
+  for (const Layout& l : {Layout{64, 1024, 784, false, true, false, 784, 784, 1024},
+                          Layout{1024, 1024, 128, true, false, false, 1024, 1024, 1024}}) {
+    const jit::HalfGemmKernel kernel = jit::half_gemm_kernel(DType::BFloat16, l.ta, l.tb, l.m, l.n,
+                                                             l.k, l.lda, l.ldb, l.ldc, l.acc, true);
+    INFO(l.m << "x" << l.n << "x" << l.k << ": " << kernel.implementation);
+    check_half_gemm(DType::BFloat16, l, rng);
+    if (!brgemm) continue;
+    CHECK(kernel.implementation.rfind("brg:", 0) == 0);
+    CHECK_FALSE((kernel.dense_a || kernel.dense_b || kernel.dense_c));
+  }
+}
+
+TEST_CASE("half_gemm_kernel names the implementation only of half products", "[blas][dtype]") {
+  CHECK_THROWS_AS(jit::half_gemm_kernel(DType::Float32, false, false, 4, 4, 4, 4, 4, 4, false),
+                  DTypeError);
+  const jit::HalfGemmKernel k =
+      jit::half_gemm_kernel(DType::BFloat16, false, false, 8, 8, 8, 8, 8, 8, false);
+  // Named exactly where oneDNN runs bfloat16 products.
+  CHECK(k.implementation.empty() ==
+        (jit::gemm_path(DType::BFloat16).kernels.find("matmul primitive") == std::string::npos));
 }
