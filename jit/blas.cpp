@@ -196,11 +196,13 @@ bool is_brgemm(const Matmul& mm) { return mm.implementation.rfind("brg:", 0) == 
 
 // Whether copying a layout's operands dense pays, given that the layout as stored runs on
 // gemm:jit and the dense one on brgemm. Measured on Sapphire Rapids (oneDNN 2.6.3, one thread,
-// the parts of a 128-row MLP step): gemm:jit reads a transposed A 2-3x slower than brgemm
-// does once it is copied (a weight gradient dW = dY^T X by rows: 512x1024x128 1.12 -> 0.37 ms,
-// 512x784x128 0.53 -> 0.28 ms, copies included); with A as stored it matches brgemm within
-// the noise (128x512x784 by columns 0.34 ms, copying C back 0.38 ms), so that stays.
-bool dense_copies_pay(bool ta) { return ta; }
+// median thread CPU time, copies included): gemm:jit reads a transposed A of a short k
+// slowly, so weight gradients dW = dY^T X of a modest batch gain (k = 64..512: 0.53-0.89x of
+// gemm:jit's time, e.g. an MLP step's 512x1024x128 part 1.12 -> 0.37 ms) and lose from
+// k = 640 up (k = 1024: 1.0-1.3x; the 2048 of a Transformer step: 1.1x). With A as stored
+// gemm:jit matches brgemm (its own AMX kernels), so copying C back for brgemm does not pay
+// (the MLP forward's 128x512x784 part: 0.34 ms, 0.38 ms copied).
+bool dense_copies_pay(bool ta, int64_t k) { return ta && k <= 512; }
 
 // The primitive for one layout, or nullptr where oneDNN has no implementation (f16 before
 // AVX512-FP16, bf16 before AVX-512): the caller then converts to float32. `half_result`:
@@ -225,7 +227,7 @@ const Matmul* matmul_for(DType dtype, bool ta, bool tb, int64_t m, int64_t n, in
   // The leading dimensions of the dense layout; an operand with a wider one is copied.
   const int64_t dense_lda = ta ? m : k, dense_ldb = tb ? k : n;
   const bool wide_a = lda != dense_lda, wide_b = ldb != dense_ldb, wide_c = ldc != n;
-  if (mm.primitive && !is_brgemm(mm) && (wide_a || wide_b || wide_c) && dense_copies_pay(ta)) {
+  if (mm.primitive && !is_brgemm(mm) && (wide_a || wide_b || wide_c) && dense_copies_pay(ta, k)) {
     Matmul dense =
         create_matmul(t, ta, tb, m, n, k, dense_lda, dense_ldb, n, accumulate, half_result);
     if (dense.primitive && is_brgemm(dense)) {

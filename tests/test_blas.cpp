@@ -372,9 +372,9 @@ TEST_CASE("bfloat16 products with a transposed A run on brgemm in every part of 
           "[blas][matmul][dtype]") {
   // kiln's pool splits a product by rows or columns, so a part's A (transposed: rows of a
   // weight gradient dY^T), B or C has a leading dimension wider than the part. oneDNN 2.6.3
-  // runs such strides on gemm:jit, 2-3x slower than brgemm with a transposed A; those parts
-  // are copied dense first. The parts of an MLP step's weight gradients (dW = dY^T X, the
-  // batch of 128 summed) on two threads, by rows and by columns, rounded or float32,
+  // runs such strides on gemm:jit, up to 2-3x slower than brgemm with a transposed A and a
+  // short k; those parts are copied dense first. The parts of an MLP step's weight gradients (dW =
+  // dY^T X, the batch of 128 summed) on two threads, by rows and by columns, rounded or float32,
   // accumulated, with and without padding.
   if (!jit::cpu_gemm_available(DType::BFloat16)) {
     WARN("no bfloat16 GEMM library in this build: skipped");
@@ -415,6 +415,16 @@ TEST_CASE("bfloat16 products with a transposed A run on brgemm in every part of 
       CHECK(kernel.dense_b == (l.ldb != (l.tb ? l.k : l.n)));
       CHECK(kernel.dense_c == (l.ldc != l.n));
     }
+  }
+  // A long k (a Transformer's weight gradient summed over 16 x 128 tokens) stays on gemm:jit,
+  // which is faster there than brgemm with the copies.
+  {
+    const Layout l{512, 256, 2048, true, false, false, 1024, 256, 256};
+    const jit::HalfGemmKernel kernel = jit::half_gemm_kernel(DType::BFloat16, l.ta, l.tb, l.m, l.n,
+                                                             l.k, l.lda, l.ldb, l.ldc, l.acc, true);
+    INFO("long k: " << kernel.implementation);
+    check_half_gemm(DType::BFloat16, l, rng);
+    CHECK_FALSE((kernel.dense_a || kernel.dense_b || kernel.dense_c));
   }
   // Dense layouts of the same step (a part split by rows of a plain A, a whole product) go
   // to brgemm as they are, with no copies.
