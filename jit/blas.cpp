@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstring>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <tuple>
 #include <vector>
@@ -133,6 +134,12 @@ using MatmulKey =
 // gemm:jit. Where gemm:jit is slow for the layout, the operands are copied into dense
 // per-thread buffers (one pass over each, exact) and the dense layout runs on brgemm.
 struct Matmul {
+  Matmul() = default;
+  Matmul(const Matmul&) = delete;
+  Matmul& operator=(const Matmul&) = delete;
+  ~Matmul() {
+    if (primitive) dnnl_primitive_destroy(primitive);
+  }
   dnnl_primitive_t primitive = nullptr;
   dnnl_memory_desc_t a, b, c;
   dnnl_memory_desc_t scratchpad;  // what one execution needs; each thread brings its own
@@ -144,9 +151,11 @@ dnnl_data_type_t dnnl_type(DType t) { return t == DType::BFloat16 ? dnnl_bf16 : 
 
 // One matmul primitive for A [m, k] and B [k, n] read through the given strides into C [m, n]
 // (row stride ldc); primitive stays nullptr where oneDNN has no implementation.
-Matmul create_matmul(dnnl_data_type_t t, bool ta, bool tb, int64_t m, int64_t n, int64_t k,
-                     int64_t lda, int64_t ldb, int64_t ldc, bool accumulate, bool half_result) {
-  Matmul mm;
+std::shared_ptr<Matmul> create_matmul(dnnl_data_type_t t, bool ta, bool tb, int64_t m, int64_t n,
+                                      int64_t k, int64_t lda, int64_t ldb, int64_t ldc,
+                                      bool accumulate, bool half_result) {
+  auto result = std::make_shared<Matmul>();
+  Matmul& mm = *result;
   const dnnl_dims_t a_dims = {m, k}, b_dims = {k, n}, c_dims = {m, n};
   const dnnl_dims_t a_strides = {ta ? 1 : lda, ta ? lda : 1};
   const dnnl_dims_t b_strides = {tb ? 1 : ldb, tb ? ldb : 1};
@@ -189,7 +198,7 @@ Matmul create_matmul(dnnl_data_type_t t, bool ta, bool tb, int64_t m, int64_t n,
   if (pd) dnnl_primitive_desc_destroy(pd);
   if (post) dnnl_post_ops_destroy(post);
   if (attr) dnnl_primitive_attr_destroy(attr);
-  return mm;
+  return result;
 }
 
 bool is_brgemm(const Matmul& mm) { return mm.implementation.rfind("brg:", 0) == 0; }
@@ -206,40 +215,37 @@ bool dense_copies_pay(bool ta, int64_t k) { return ta && k <= 512; }
 
 // The primitive for one layout, or nullptr where oneDNN has no implementation (f16 before
 // AVX512-FP16, bf16 before AVX-512): the caller then converts to float32. `half_result`:
-// the destination is `dtype` (oneDNN rounds its float32 sums once as it stores them).
-const Matmul* matmul_for(DType dtype, bool ta, bool tb, int64_t m, int64_t n, int64_t k,
-                         int64_t lda, int64_t ldb, int64_t ldc, bool accumulate, bool half_result) {
+// the destination is `dtype` (oneDNN rounds its float32 sums once as it stores them). Shared:
+// the cache may drop it while another thread still runs it.
+std::shared_ptr<const Matmul> matmul_for(DType dtype, bool ta, bool tb, int64_t m, int64_t n,
+                                         int64_t k, int64_t lda, int64_t ldb, int64_t ldc,
+                                         bool accumulate, bool half_result) {
   static std::mutex mutex;
-  static std::map<MatmulKey, Matmul> cache;
+  static std::map<MatmulKey, std::shared_ptr<const Matmul>> cache;
   const MatmulKey key{
       static_cast<int>(dtype), ta, tb, m, n, k, lda, ldb, ldc, accumulate, half_result};
   std::lock_guard lock(mutex);
-  if (auto it = cache.find(key); it != cache.end())
-    return it->second.primitive ? &it->second : nullptr;
-  // Bounded: a workload with many layouts drops them all and starts again.
-  if (cache.size() >= 1024) {
-    for (auto& [k2, mm] : cache)
-      if (mm.primitive) dnnl_primitive_destroy(mm.primitive);
-    cache.clear();
-  }
+  if (auto it = cache.find(key); it != cache.end()) return it->second;
+  // Bounded: a workload with many layouts drops them all and starts again (a primitive still
+  // running elsewhere lives until that call returns).
+  if (cache.size() >= 1024) cache.clear();
   const dnnl_data_type_t t = dnnl_type(dtype);
-  Matmul mm = create_matmul(t, ta, tb, m, n, k, lda, ldb, ldc, accumulate, half_result);
+  std::shared_ptr<Matmul> mm =
+      create_matmul(t, ta, tb, m, n, k, lda, ldb, ldc, accumulate, half_result);
   // The leading dimensions of the dense layout; an operand with a wider one is copied.
   const int64_t dense_lda = ta ? m : k, dense_ldb = tb ? k : n;
   const bool wide_a = lda != dense_lda, wide_b = ldb != dense_ldb, wide_c = ldc != n;
-  if (mm.primitive && !is_brgemm(mm) && (wide_a || wide_b || wide_c) && dense_copies_pay(ta, k)) {
-    Matmul dense =
+  if (mm->primitive && !is_brgemm(*mm) && (wide_a || wide_b || wide_c) && dense_copies_pay(ta, k)) {
+    std::shared_ptr<Matmul> dense =
         create_matmul(t, ta, tb, m, n, k, dense_lda, dense_ldb, n, accumulate, half_result);
-    if (dense.primitive && is_brgemm(dense)) {
-      dnnl_primitive_destroy(mm.primitive);
-      mm = dense;
-      mm.dense_a = wide_a, mm.dense_b = wide_b, mm.dense_c = wide_c;
-    } else if (dense.primitive) {
-      dnnl_primitive_destroy(dense.primitive);
+    if (dense->primitive && is_brgemm(*dense)) {
+      dense->dense_a = wide_a, dense->dense_b = wide_b, dense->dense_c = wide_c;
+      mm = std::move(dense);
     }
   }
-  auto it = cache.emplace(key, mm).first;
-  return it->second.primitive ? &it->second : nullptr;
+  if (!mm->primitive) mm = nullptr;
+  cache.emplace(key, mm);
+  return mm;
 }
 
 // `rows` rows of `row_bytes` each, `from` with a row stride of `from_stride` bytes, into `to`
@@ -313,8 +319,9 @@ bool dnnl_matmul(const Matmul& mm, bool ta, bool tb, int64_t m, int64_t n, int64
 // Whether oneDNN runs `dtype` products on this CPU (asked once, on a small layout).
 bool dnnl_half_available(DType dtype) {
   static const bool bf16 =
-      matmul_for(DType::BFloat16, false, false, 8, 8, 8, 8, 8, 8, false, false);
-  static const bool f16 = matmul_for(DType::Float16, false, false, 8, 8, 8, 8, 8, 8, false, false);
+      matmul_for(DType::BFloat16, false, false, 8, 8, 8, 8, 8, 8, false, false) != nullptr;
+  static const bool f16 =
+      matmul_for(DType::Float16, false, false, 8, 8, 8, 8, 8, 8, false, false) != nullptr;
   return dtype == DType::BFloat16 ? bf16 : f16;
 }
 #endif
@@ -448,7 +455,7 @@ HalfGemmKernel half_gemm_kernel(DType dtype, bool ta, bool tb, int64_t m, int64_
     throw DTypeError("[matmul] half_gemm_kernel takes float16 or bfloat16, not " +
                      std::string(dtype_name(dtype)));
 #if KILN_WITH_DNNL
-  if (const Matmul* mm = matmul_for(dtype, ta, tb, m, n, k, lda, ldb, ldc, accumulate, half_result))
+  if (const auto mm = matmul_for(dtype, ta, tb, m, n, k, lda, ldb, ldc, accumulate, half_result))
     return {mm->implementation, mm->dense_a, mm->dense_b, mm->dense_c};
 #endif
   (void)ta, (void)tb, (void)m, (void)n, (void)k, (void)lda, (void)ldb, (void)ldc;
@@ -464,7 +471,7 @@ void cpu_gemm(DType dtype, bool ta, bool tb, int64_t m, int64_t n, int64_t k, co
     throw ValueError("[matmul] a rounded half result needs half operands and no accumulation");
   if (half) {
 #if KILN_WITH_DNNL
-    if (const Matmul* mm =
+    if (const auto mm =
             matmul_for(dtype, ta, tb, m, n, k, lda, ldb, ldc, accumulate, half_result)) {
       static thread_local bool one_thread = false;
       if (!one_thread) {
