@@ -494,3 +494,59 @@ TEST_CASE("a half GEMM keeps its oneDNN primitive while the layout cache is empt
   CHECK(differ.load() == 0);
   CHECK(y[0] == 8.0f);
 }
+
+TEST_CASE(
+    "bfloat16 products split into parts as 1, 2 or 3 pool threads split them agree bit for bit",
+    "[blas][matmul][dtype][threads]") {
+  // library_gemm splits a product's rows (m >= n) or columns into one part per thread, and a
+  // part may run on another oneDNN implementation than the whole (gemm:jit, or brgemm after
+  // dense copies): a training step must not change with the thread count. The products of
+  // an MLP step (784-1024-1024-10, batch 128), float32 and rounded results.
+  if (!jit::cpu_gemm_available(DType::BFloat16)) {
+    WARN("no bfloat16 GEMM library in this build: skipped");
+    return;
+  }
+  struct Product {
+    const char* what;
+    int64_t m, n, k;
+    bool ta, tb;
+  };
+  const std::vector<Product> products{{"forward x W1^T", 128, 1024, 784, false, true},
+                                      {"dX2 = dY W2", 128, 1024, 1024, false, false},
+                                      {"dW2 = dY^T X", 1024, 1024, 128, true, false},
+                                      {"dW1 = dY^T X", 1024, 784, 128, true, false},
+                                      {"dW3 = dY^T X", 10, 1024, 128, true, false},
+                                      {"forward h W3^T", 128, 10, 1024, false, true}};
+  std::mt19937 rng(12);
+  std::uniform_real_distribution<float> value(-1, 1);
+  for (const Product& p : products) {
+    INFO(p.what);
+    std::vector<uint16_t> a(static_cast<size_t>(p.m * p.k)), b(static_cast<size_t>(p.k * p.n));
+    for (auto* v : {&a, &b})
+      for (uint16_t& x : *v) x = float_to_bfloat16_bits(value(rng));
+    const int64_t lda = p.ta ? p.m : p.k, ldb = p.tb ? p.k : p.n;
+    for (bool rounded : {false, true}) {
+      const size_t elem = rounded ? 2 : 4;
+      // The result of the product in `parts` parts, split as library_gemm splits it.
+      auto run = [&](int64_t parts) {
+        std::vector<char> c(static_cast<size_t>(p.m * p.n) * elem);
+        const bool rows = p.m >= p.n;
+        const int64_t extent = rows ? p.m : p.n, grain = (extent + parts - 1) / parts;
+        for (int64_t lo = 0; lo < extent; lo += grain) {
+          const int64_t hi = std::min(extent, lo + grain);
+          const int64_t r0 = rows ? lo : 0, r1 = rows ? hi : p.m;
+          const int64_t c0 = rows ? 0 : lo, c1 = rows ? p.n : hi;
+          const uint16_t* pa = a.data() + (p.ta ? r0 : r0 * lda);
+          const uint16_t* pb = b.data() + (p.tb ? c0 * ldb : c0);
+          jit::cpu_gemm(DType::BFloat16, p.ta, p.tb, r1 - r0, c1 - c0, p.k, pa, lda, pb, ldb, false,
+                        c.data() + static_cast<size_t>(r0 * p.n + c0) * elem, p.n, rounded);
+        }
+        return c;
+      };
+      const std::vector<char> whole = run(1);
+      INFO((rounded ? "rounded" : "float32") << " result");
+      CHECK(run(2) == whole);
+      CHECK(run(3) == whole);
+    }
+  }
+}
