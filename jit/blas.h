@@ -37,4 +37,16 @@ void cpu_gemm(DType dtype, bool ta, bool tb, int64_t m, int64_t n, int64_t k, co
               int64_t lda, const void* b, int64_t ldb, bool accumulate, void* c, int64_t ldc,
               bool half_result = false);
 
+/// How oneDNN runs one layout of a float16/bfloat16 cpu_gemm (arguments as there): its
+/// implementation (impl_info_str, e.g. "brg:avx512_core_amx_bf16" or "gemm:jit"), and which
+/// matrices are first copied into dense buffers (brgemm takes only dense ones). An empty
+/// implementation: oneDNN has no kernels for it here and the product is widened to float32.
+struct HalfGemmKernel {
+  std::string implementation;
+  bool dense_a = false, dense_b = false, dense_c = false;
+};
+HalfGemmKernel half_gemm_kernel(DType dtype, bool ta, bool tb, int64_t m, int64_t n, int64_t k,
+                                int64_t lda, int64_t ldb, int64_t ldc, bool accumulate,
+                                bool half_result = false);
+
 }  // namespace kiln::jit
