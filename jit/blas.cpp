@@ -275,21 +275,17 @@ bool dnnl_matmul(const Matmul& mm, bool ta, bool tb, int64_t m, int64_t n, int64
   if (scratch.size() < scratch_bytes) scratch.resize(scratch_bytes);
   constexpr int64_t kHalf = 2;
   const int64_t c_elem = half_result ? kHalf : 4;
-  if (mm.dense_a) {
-    // Stored A: [k, m] when transposed, else [m, k].
-    const int64_t rows = ta ? k : m, cols = ta ? m : k;
-    if (dense_a.size() < static_cast<size_t>(rows * cols * kHalf))
-      dense_a.resize(static_cast<size_t>(rows * cols * kHalf));
-    copy_rows(a, lda * kHalf, dense_a.data(), cols * kHalf, rows, cols * kHalf);
-    a = dense_a.data();
-  }
-  if (mm.dense_b) {
-    const int64_t rows = tb ? n : k, cols = tb ? k : n;
-    if (dense_b.size() < static_cast<size_t>(rows * cols * kHalf))
-      dense_b.resize(static_cast<size_t>(rows * cols * kHalf));
-    copy_rows(b, ldb * kHalf, dense_b.data(), cols * kHalf, rows, cols * kHalf);
-    b = dense_b.data();
-  }
+  // A half operand of `rows` x `cols` with leading dimension `ld`, copied into `buf`.
+  auto dense_copy = [](const void* from, int64_t ld, int64_t rows, int64_t cols,
+                       std::vector<char>& buf) -> const void* {
+    const size_t bytes = static_cast<size_t>(rows * cols * kHalf);
+    if (buf.size() < bytes) buf.resize(bytes);
+    copy_rows(from, ld * kHalf, buf.data(), cols * kHalf, rows, cols * kHalf);
+    return buf.data();
+  };
+  // Stored A is [k, m] when transposed, else [m, k]; B is [n, k] or [k, n].
+  if (mm.dense_a) a = dense_copy(a, lda, ta ? k : m, ta ? m : k, dense_a);
+  if (mm.dense_b) b = dense_copy(b, ldb, tb ? n : k, tb ? k : n, dense_b);
   void* const c_out = c;
   if (mm.dense_c) {
     if (dense_c.size() < static_cast<size_t>(m * n * c_elem))
