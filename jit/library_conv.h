@@ -40,6 +40,16 @@ bool match_conv(Node* root, const std::function<bool(Node*)>& single_use, ConvMa
 /// Computes match.root's value from the buffers of match.a and match.b.
 void run_conv(const ConvMatch& match);
 
+/// Library convolution calls made so far in this process, by the layout oneDNN ran on:
+/// its own blocked layouts (with reorders around the primitive) or kiln's tensors as stored.
+/// Which one a call takes is decided per pass and shape (see `choose` in library_conv.cpp;
+/// KILN_CONV_LAYOUT=blocked or plain forces one where oneDNN has a kernel for it).
+struct ConvLayoutCalls {
+  size_t blocked = 0;
+  size_t plain = 0;
+};
+ConvLayoutCalls conv_layout_calls();
+
 /// True when convolutions of `dtype` (the dtype of the image and weight) run on a library
 /// on this CPU: float32 with oneDNN built in; bfloat16/float16 where oneDNN has kernels.
 bool cpu_conv_available(DType dtype);
