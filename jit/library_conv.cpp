@@ -630,11 +630,14 @@ bool im2col_free(const Geometry& g, int64_t crop_h, int64_t crop_w) {
 // layouts pay oneDNN's im2col (a copy of kh*kw times the image) and its GEMM, which measured
 // 1.8-2.4x the blocked kernels with their reorders on bench_conv's 3x3 and stem passes. So:
 //   * plain where it needs no im2col (1x1, stride 1, no padding): the same GEMM with no
-//     copies at all (bench_conv's 1x1 passes: 0.6x the blocked time each);
+//     copies at all (bench_conv's 1x1 forward and backward data: 0.6x the blocked time);
 //   * plain where the blocked layout pads a tensor to 2x or more, since the blocked kernels
 //     then compute on as many zeros as values or more (the stem's backward data, whose 3
 //     image channels become 16: 0.47x the blocked time);
 //   * else blocked.
+// The weight gradient stays blocked whatever it costs: oneDNN's GEMM-based one sums partial
+// gradients per thread, so its bits change with the thread count (a 1x1 weight gradient on
+// 1 thread differs from 2), and kiln's results may not.
 Primitive choose(const Problem& pr, int64_t crop_h, int64_t crop_w, const std::string& want) {
   auto other = [](Layout l) { return l == Layout::Plain ? Layout::Blocked : Layout::Plain; };
   auto try_in_order = [&](Layout first) {
@@ -644,7 +647,8 @@ Primitive choose(const Problem& pr, int64_t crop_h, int64_t crop_w, const std::s
     return q.usable() ? std::move(q) : std::move(p);
   };
   if (want == "plain") return try_in_order(Layout::Plain);
-  if (want == "blocked") return try_in_order(Layout::Blocked);
+  if (want == "blocked" || pr.pass == ConvPass::BackwardWeights)
+    return try_in_order(Layout::Blocked);
   if (im2col_free(pr.g, crop_h, crop_w)) return try_in_order(Layout::Plain);
   Primitive blocked = build(pr, crop_h, crop_w, Layout::Blocked);
   if (blocked.usable() && padding_growth(blocked) < 2) return blocked;
