@@ -656,12 +656,18 @@ Primitive choose(const Problem& pr, int64_t crop_h, int64_t crop_w, const std::s
   return plain.usable() || !blocked.usable() ? std::move(plain) : std::move(blocked);
 }
 
+// KILN_CONV_LAYOUT: auto (the rule), blocked, plain (oneDNN on kiln's tensors) or gemm
+// (kiln's GEMM calls where the convolution is one GEMM per image, else the rule).
+std::string requested_layout() {
+  return settings::choice("KILN_CONV_LAYOUT", {"auto", "blocked", "plain", "gemm"})
+      .value_or("auto");
+}
+
 // The cached primitive of a problem (its every size, stride and dtype is the key).
 std::shared_ptr<const Primitive> primitive_for(const Problem& pr, int64_t crop_h, int64_t crop_w) {
   static std::mutex mutex;
   static std::map<std::vector<int64_t>, std::shared_ptr<const Primitive>> cache;
-  const std::string want =
-      settings::choice("KILN_CONV_LAYOUT", {"auto", "blocked", "plain"}).value_or("auto");
+  const std::string want = requested_layout();
   const Geometry& g = pr.g;
   std::vector<int64_t> key{static_cast<int64_t>(pr.pass),
                            static_cast<int64_t>(pr.in),
@@ -671,7 +677,7 @@ std::shared_ptr<const Primitive> primitive_for(const Problem& pr, int64_t crop_h
                            pr.bias ? 1 : 0,
                            want == "plain"     ? 2
                            : want == "blocked" ? 1
-                                               : 0};
+                                               : 0};  // gemm: the rule, where GEMMs cannot run
   for (int64_t v : {g.n, g.c, g.h, g.w, g.groups, g.cg, g.og, g.oh, g.ow, g.kh, g.kw, g.sh, g.sw,
                     g.ph, g.pw, g.dh, g.dw})
     key.push_back(v);
@@ -756,7 +762,149 @@ void release(std::array<dnnl_memory_t, 3>& um, std::array<dnnl_memory_t, 3>& im,
   if (bias) dnnl_memory_destroy(bias);
 }
 
-std::atomic<size_t> g_blocked_calls{0}, g_plain_calls{0};
+std::atomic<size_t> g_blocked_calls{0}, g_plain_calls{0}, g_gemm_calls{0};
+
+// A float32 matrix in memory: element (i, j) at p[i * rs + j * cs].
+struct Matrix {
+  float* p;
+  int64_t rows, cols, rs, cs;
+  Matrix t() const { return {p, cols, rows, cs, rs}; }
+};
+
+// How BLAS reads `m` as a row-major operand: as stored (cs 1, ld rs) or transposed (rs 1, ld
+// cs). A dimension of extent 1 takes any stride. False when neither stride is 1.
+bool blas_operand(const Matrix& m, bool* trans, int64_t* ld) {
+  if (m.cs == 1 || m.cols == 1) {
+    *trans = false;
+    *ld = std::max(m.rs, m.cols);
+    return m.rows == 1 || m.rs >= m.cols;
+  }
+  if (m.rs == 1 || m.rows == 1) {
+    *trans = true;
+    *ld = std::max(m.cs, m.rows);
+    return m.cols == 1 || m.cs >= m.rows;
+  }
+  return false;
+}
+
+// c = a @ b (+ c when `accumulate`) on one thread; false when a layout is not one BLAS
+// reads (nothing is computed then).
+bool gemm(const Matrix& a, const Matrix& b, const Matrix& c, bool accumulate, bool dry_run) {
+  // A result whose rows are contiguous is computed as its transpose: c^T = b^T @ a^T.
+  if (c.cs != 1 && c.cols > 1) {
+    if (c.rs != 1 && c.rows > 1) return false;
+    return gemm(b.t(), a.t(), c.t(), accumulate, dry_run);
+  }
+  bool ta = false, tb = false;
+  int64_t lda = 0, ldb = 0;
+  if (!blas_operand(a, &ta, &lda) || !blas_operand(b, &tb, &ldb)) return false;
+  const int64_t ldc = std::max(c.rs, c.cols);
+  if (c.rows > 1 && c.rs < c.cols) return false;
+  if (!dry_run)
+    cpu_gemm(DType::Float32, ta, tb, c.rows, c.cols, a.cols, a.p, lda, b.p, ldb, accumulate, c.p,
+             ldc);
+  return true;
+}
+
+// Width of the fixed blocks a GEMM convolution is cut into: every block is one BLAS call
+// whatever the thread count, so each result element is summed in the same order on any
+// number of threads (library GEMM's own row split would change with it).
+constexpr int64_t kGemmBlock = 1024;
+constexpr int64_t kWeightBlock = 64;
+
+// A 1x1 convolution at stride 1 without padding (im2col_free) as kiln's own float32 GEMM
+// calls on the thread pool, reading and writing kiln's tensors as stored: per image and
+// group, forward y = w @ x (+ bias), backward data dx = w^T @ dy, and the weight gradient
+// dw = sum over images of dy @ x^T (images added in order). oneDNN's GEMM convolution does
+// the same products with no reorders, but its OpenMP threads meet at spinning barriers: on
+// this shared 2-core machine under load 4 its 1x1 forward took 96-188 ms against 12 ms on
+// one thread; the pool's chunks are claimed by whichever thread is running. False (nothing
+// run) when a tensor's layout is not one BLAS reads.
+bool run_gemms(const Problem& pr, bool dry_run) {
+  const Geometry& g = pr.g;
+  if (pr.in != DType::Float32 || pr.out != DType::Float32 || !im2col_free(g, 0, 0)) return false;
+  const int64_t hw = g.h * g.w;
+  // dy's OH and OW must flatten into one stride, as the image's do.
+  if (g.oh > 1 && g.ow > 1 && pr.dy[2] != g.ow * pr.dy[3]) return false;
+  const int64_t dy_hw = g.ow > 1 ? pr.dy[3] : pr.dy[2];
+  Node& out = *pr.root;
+  std::shared_ptr<Buffer> buffer;
+  float* result = nullptr;
+  if (!dry_run) {
+    buffer = out.buffer ? out.buffer : std::make_shared<Buffer>(out.nbytes(), out.device);
+    result = static_cast<float*>(buffer->data());
+  }
+  auto data = [](Node* n) { return n ? static_cast<float*>(n->buffer->data()) : nullptr; };
+  float* image = pr.pass == ConvPass::BackwardData ? result : dry_run ? nullptr : data(pr.a);
+  float* weights = pr.pass == ConvPass::BackwardWeights ? result
+                   : dry_run                            ? nullptr
+                                                        : data(pr.b) + pr.w_offset;
+  float* dy = pr.pass == ConvPass::Forward ? result
+              : dry_run                    ? nullptr
+                        : data(pr.pass == ConvPass::BackwardData ? pr.a : pr.b) + pr.dy_offset;
+  // The matrices of image n, group gi.
+  auto x_of = [&](int64_t n, int64_t gi) {
+    return Matrix{image ? image + n * g.c * hw + gi * g.cg * hw : nullptr, g.cg, hw, hw, 1};
+  };
+  auto w_of = [&](int64_t gi) {
+    return Matrix{weights ? weights + gi * pr.w[0] : nullptr, g.og, g.cg, pr.w[1], pr.w[2]};
+  };
+  auto dy_of = [&](int64_t n, int64_t gi) {
+    return Matrix{dy ? dy + n * pr.dy[0] + gi * g.og * pr.dy[1] : nullptr, g.og, hw, pr.dy[1],
+                  dy_hw};
+  };
+  auto cols = [](const Matrix& m, int64_t c0, int64_t c1) {
+    return Matrix{m.p ? m.p + c0 * m.cs : nullptr, m.rows, c1 - c0, m.rs, m.cs};
+  };
+  auto rows = [](const Matrix& m, int64_t r0, int64_t r1) {
+    return Matrix{m.p ? m.p + r0 * m.rs : nullptr, r1 - r0, m.cols, m.rs, m.cs};
+  };
+  // Whether BLAS reads every matrix: the first block of each kind stands for all.
+  const int64_t blocks = (hw + kGemmBlock - 1) / kGemmBlock;
+  const bool weight_rows = g.og >= g.cg;  // the weight gradient's blocks cut its longer side
+  const int64_t wblocks = ((weight_rows ? g.og : g.cg) + kWeightBlock - 1) / kWeightBlock;
+  auto block = [&](int64_t task, bool dry) {
+    if (pr.pass == ConvPass::BackwardWeights) {
+      const int64_t gi = task / wblocks, b = task % wblocks;
+      const int64_t lo = b * kWeightBlock;
+      const int64_t hi = std::min(lo + kWeightBlock, weight_rows ? g.og : g.cg);
+      for (int64_t n = 0; n < g.n; ++n) {
+        Matrix d = dy_of(n, gi), x = x_of(n, gi), w = w_of(gi);
+        if (weight_rows) {
+          d = rows(d, lo, hi);
+          w = rows(w, lo, hi);
+        } else {
+          x = rows(x, lo, hi);
+          w = cols(w, lo, hi);
+        }
+        if (!gemm(d, x.t(), w, n > 0, dry)) return false;
+        if (dry) break;
+      }
+      return true;
+    }
+    const int64_t n = task / (g.groups * blocks), gi = task / blocks % g.groups;
+    const int64_t c0 = task % blocks * kGemmBlock, c1 = std::min(c0 + kGemmBlock, hw);
+    if (pr.pass == ConvPass::BackwardData)
+      return gemm(w_of(gi).t(), cols(dy_of(n, gi), c0, c1), cols(x_of(n, gi), c0, c1), false, dry);
+    const Matrix y = cols(dy_of(n, gi), c0, c1);
+    const float* bias = pr.bias && !dry ? data(pr.bias) + pr.bias_offset : nullptr;
+    // The bias first, the product added to it (oneDNN's order: the sums, then the bias).
+    if (bias)
+      for (int64_t o = 0; o < y.rows; ++o)
+        for (int64_t j = 0; j < y.cols; ++j) y.p[o * y.rs + j * y.cs] = bias[gi * g.og + o];
+    return gemm(w_of(gi), cols(x_of(n, gi), c0, c1), y, bias != nullptr, dry);
+  };
+  if (!block(0, true)) return false;
+  if (dry_run) return true;
+  const int64_t tasks =
+      pr.pass == ConvPass::BackwardWeights ? g.groups * wblocks : g.n * g.groups * blocks;
+  thread_pool().parallel_for(tasks, 1, [&](int64_t lo, int64_t hi) {
+    for (int64_t t = lo; t < hi; ++t) block(t, false);
+  });
+  out.buffer = std::move(buffer);
+  g_gemm_calls.fetch_add(1);
+  return true;
+}
 
 void run_dnnl(const Problem& pr) {
   const Geometry& g = pr.g;
@@ -901,7 +1049,7 @@ std::string conv_path(DType dtype) {
 
 ConvLayoutCalls conv_layout_calls() {
 #if KILN_WITH_DNNL
-  return {g_blocked_calls.load(), g_plain_calls.load()};
+  return {g_blocked_calls.load(), g_plain_calls.load(), g_gemm_calls.load()};
 #else
   return {};
 #endif
@@ -937,6 +1085,10 @@ void run_conv(const ConvMatch& match) {
   if (!analyze(match.root, true, &pr) || pr.pass != match.pass)
     throw ValueError("[conv2d] the library convolution no longer matches its plan");
 #if KILN_WITH_DNNL
+  // A float32 1x1 convolution at stride 1 without padding is kiln's GEMM calls (run_gemms),
+  // unless a layout of oneDNN's convolution is forced.
+  const std::string want = requested_layout();
+  if ((want == "auto" || want == "gemm") && run_gemms(pr, false)) return;
   run_dnnl(pr);
 #else
   throw ValueError("[conv2d] a library convolution was planned in a build without oneDNN");

@@ -40,13 +40,16 @@ bool match_conv(Node* root, const std::function<bool(Node*)>& single_use, ConvMa
 /// Computes match.root's value from the buffers of match.a and match.b.
 void run_conv(const ConvMatch& match);
 
-/// Library convolution calls made so far in this process, by the layout oneDNN ran on:
-/// its own blocked layouts (with reorders around the primitive) or kiln's tensors as stored.
-/// Which one a call takes is decided per pass and shape (see `choose` in library_conv.cpp;
-/// KILN_CONV_LAYOUT=blocked or plain forces one where oneDNN has a kernel for it).
+/// Library convolution calls made so far in this process, by how they ran: oneDNN's
+/// convolution on its own blocked layouts (with reorders around the primitive) or on kiln's
+/// tensors as stored (plain), or kiln's float32 GEMM calls on the tensors as stored (a 1x1
+/// convolution at stride 1 without padding is one GEMM per image). Which one a call takes is
+/// decided per pass and shape (see `choose` in library_conv.cpp); KILN_CONV_LAYOUT=blocked,
+/// plain or gemm forces one where it can run.
 struct ConvLayoutCalls {
   size_t blocked = 0;
   size_t plain = 0;
+  size_t gemm = 0;
 };
 ConvLayoutCalls conv_layout_calls();
 

@@ -103,6 +103,7 @@ const ConvCase kCases[] = {
     {2, 4, 8, 10, 6, 2, 3, {2, 3}, {0, 1}, {1, 2}, 2, false},  // non-square kernel, crop
     {1, 4, 5, 5, 4, 5, 5, {1, 1}, {0, 0}, {1, 1}, 1, true},    // 1x1 output
     {4, 12, 9, 9, 6, 3, 3, {3, 3}, {1, 1}, {1, 1}, 3, true},   // stride 3, groups 3
+    {3, 8, 5, 7, 6, 1, 1, {1, 1}, {0, 0}, {1, 1}, 2, true},    // 1x1, groups 2, bias
 };
 
 // KILN_CONV_LAYOUT set for a scope (read per call), restored after.
@@ -127,7 +128,7 @@ class LayoutScope {
 
 // Library convolution calls of one run_case (its forward, then its step), by layout.
 struct LayoutCount {
-  size_t blocked = 0, plain = 0;
+  size_t blocked = 0, plain = 0, gemm = 0;
 };
 
 }  // namespace
@@ -161,7 +162,7 @@ TEST_CASE("conv2d matches the reference on each library layout", "[nn][conv]") {
   }
   // Forced blocked (oneDNN's layouts, reorders around the primitive) and forced plain (kiln's
   // tensors as stored, no reorders), then the per-pass rule; the same tolerance as above.
-  for (const char* layout : {"blocked", "plain", "auto"}) {
+  for (const char* layout : {"blocked", "plain", "gemm", "auto"}) {
     size_t plain_calls = 0;
     for (size_t i = 0; i < std::size(kCases); ++i) {
       const ConvCase& k = kCases[i];
@@ -178,18 +179,23 @@ TEST_CASE("conv2d matches the reference on each library layout", "[nn][conv]") {
         jit = run_case(k, 300 + i, DType::Float32);
       }
       const kiln::jit::ConvLayoutCalls after = kiln::jit::conv_layout_calls();
-      const LayoutCount got{after.blocked - before.blocked, after.plain - before.plain};
+      const LayoutCount got{after.blocked - before.blocked, after.plain - before.plain,
+                            after.gemm - before.gemm};
       plain_calls += got.plain;
-      CHECK(got.blocked + got.plain == 4);  // the forward, then forward and both backward
-      // Each layout must really run: forced blocked never runs plain, and forced plain runs
-      // the 3x3, 1x1 and stem cases without reorders (oneDNN's GEMM convolution takes them).
-      // The rule runs a 1x1 convolution at stride 1 without padding plain (all but the
-      // weight gradient), and the stem plain where 3 channels would be padded to 16 (its
-      // backward data at least).
+      // The forward alone, then the forward and both backward passes.
+      CHECK(got.blocked + got.plain + got.gemm == 4);
+      const bool one_gemm = k.kh == 1 && k.kw == 1 && k.stride.h == 1 && k.stride.w == 1 &&
+                            k.padding.h == 0 && k.padding.w == 0;
+      // Each way must really run: forced blocked and plain run oneDNN's convolution
+      // alone (plain takes the 3x3, 1x1 and stem cases without reorders), gemm and the
+      // rule run every 1x1 convolution at stride 1 without padding as GEMMs (all four
+      // calls), and the rule runs the stem plain where its 3 channels would be padded
+      // to 16 (its backward data at least).
       const std::string l = layout;
-      if (l == "blocked") CHECK(got.plain == 0);
+      if (l == "blocked") CHECK(got.blocked == 4);
+      if (l == "plain") CHECK(got.gemm == 0);
       if (l == "plain" && (i == 0 || i == 4 || i == 5)) CHECK(got.plain == 4);
-      if (l == "auto" && i == 4) CHECK(got.plain == 3);  // the weight gradient stays blocked
+      if (l == "gemm" || l == "auto") CHECK(got.gemm == (one_gemm ? 4u : 0u));
       if (l == "auto" && i == 5) CHECK(got.plain >= 1);
       CHECK(mismatch(jit.y, ref.y, 5e-5, 5e-5) == "");
       CHECK(mismatch(jit.dx, ref.dx, 5e-5, 5e-5) == "");
@@ -197,9 +203,9 @@ TEST_CASE("conv2d matches the reference on each library layout", "[nn][conv]") {
       CHECK(mismatch(jit.db, ref.db, 5e-5, 5e-5) == "");
     }
     // Forced plain falls back to blocked only where oneDNN has no plain kernel but its
-    // reference code (the stride-3 grouped case on oneDNN 2.6.3).
+    // reference code (on oneDNN 2.6.3 the stride-3 grouped case at least).
     INFO(layout);
-    if (std::string(layout) == "plain") CHECK(plain_calls >= 4 * (std::size(kCases) - 2));
+    if (std::string(layout) == "plain") CHECK(plain_calls >= 4 * (std::size(kCases) - 3));
   }
 }
 
