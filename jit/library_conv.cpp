@@ -816,10 +816,11 @@ constexpr int64_t kWeightBlock = 64;
 // calls on the thread pool, reading and writing kiln's tensors as stored: per image and
 // group, forward y = w @ x (+ bias), backward data dx = w^T @ dy, and the weight gradient
 // dw = sum over images of dy @ x^T (images added in order). oneDNN's GEMM convolution does
-// the same products with no reorders, but its OpenMP threads meet at spinning barriers: on
-// this shared 2-core machine under load 4 its 1x1 forward took 96-188 ms against 12 ms on
-// one thread; the pool's chunks are claimed by whichever thread is running. False (nothing
-// run) when a tensor's layout is not one BLAS reads.
+// the same products with no reorders, but its weight gradient's bits change with the thread
+// count, and its two OpenMP threads spin in libgomp's barriers whenever one of them is
+// descheduled: on a 2-core machine shared with two busy processes its 1x1 forward took
+// 96-188 ms (12 ms on one thread); these calls are one pool job of independent BLAS calls.
+// False (nothing run) when a tensor's layout is not one BLAS reads.
 bool run_gemms(const Problem& pr, bool dry_run) {
   const Geometry& g = pr.g;
   if (pr.in != DType::Float32 || pr.out != DType::Float32 || !im2col_free(g, 0, 0)) return false;
