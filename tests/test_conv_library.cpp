@@ -264,7 +264,7 @@ TEST_CASE("conv2d uses its weight twice and keeps float64 on the composition", "
 TEST_CASE("conv2d in bfloat16 runs on the library where the CPU has kernels", "[nn][conv][amp]") {
   const bool library = kiln::jit::cpu_conv_available(DType::BFloat16);
   if (!library) WARN("no bfloat16 library convolution on this CPU: the composition is checked");
-  for (size_t i : {0u, 2u, 3u, 5u}) {
+  for (size_t i : {0u, 2u, 3u, 4u, 5u, 9u}) {
     const ConvCase& k = kCases[i];
     INFO(describe(k));
     const ConvResult half = run_case(k, 200 + i, DType::BFloat16);
