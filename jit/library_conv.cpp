@@ -624,8 +624,9 @@ bool im2col_free(const Geometry& g, int64_t crop_h, int64_t crop_w) {
          crop_h == 0 && crop_w == 0;
 }
 
-// The layout a call runs on (KILN_CONV_LAYOUT=blocked or plain forces one where oneDNN has a
-// kernel for it). The rule, from what each layout costs besides the convolution itself:
+// The layout a oneDNN call runs on (KILN_CONV_LAYOUT=blocked or plain forces one where oneDNN
+// has a kernel for it; float32 1x1 convolutions at stride 1 without padding do not get here,
+// see run_gemms). The rule, from what each layout costs besides the convolution itself:
 // blocked layouts pay the reorders of the image and dy (a read and a write of each), plain
 // layouts pay oneDNN's im2col (a copy of kh*kw times the image) and its GEMM, which measured
 // 1.8-2.4x the blocked kernels with their reorders on bench_conv's 3x3 and stem passes. So:
@@ -647,8 +648,9 @@ Primitive choose(const Problem& pr, int64_t crop_h, int64_t crop_w, const std::s
     return q.usable() ? std::move(q) : std::move(p);
   };
   if (want == "plain") return try_in_order(Layout::Plain);
-  if (want == "blocked" || pr.pass == ConvPass::BackwardWeights)
-    return try_in_order(Layout::Blocked);
+  // Never the GEMM-based weight gradient unless forced, not even in place of reference code.
+  if (pr.pass == ConvPass::BackwardWeights) return build(pr, crop_h, crop_w, Layout::Blocked);
+  if (want == "blocked") return try_in_order(Layout::Blocked);
   if (im2col_free(pr.g, crop_h, crop_w)) return try_in_order(Layout::Plain);
   Primitive blocked = build(pr, crop_h, crop_w, Layout::Blocked);
   if (blocked.usable() && padding_growth(blocked) < 2) return blocked;
@@ -889,7 +891,7 @@ bool run_gemms(const Problem& pr, bool dry_run) {
       return gemm(w_of(gi).t(), cols(dy_of(n, gi), c0, c1), cols(x_of(n, gi), c0, c1), false, dry);
     const Matrix y = cols(dy_of(n, gi), c0, c1);
     const float* bias = pr.bias && !dry ? data(pr.bias) + pr.bias_offset : nullptr;
-    // The bias first, the product added to it (oneDNN's order: the sums, then the bias).
+    // y holds the bias, and the GEMM adds the products to it (BLAS beta = 1).
     if (bias)
       for (int64_t o = 0; o < y.rows; ++o)
         for (int64_t j = 0; j < y.cols; ++j) y.p[o * y.rs + j * y.cs] = bias[gi * g.og + o];
@@ -900,7 +902,9 @@ bool run_gemms(const Problem& pr, bool dry_run) {
   const int64_t tasks =
       pr.pass == ConvPass::BackwardWeights ? g.groups * wblocks : g.n * g.groups * blocks;
   thread_pool().parallel_for(tasks, 1, [&](int64_t lo, int64_t hi) {
-    for (int64_t t = lo; t < hi; ++t) block(t, false);
+    for (int64_t t = lo; t < hi; ++t)
+      if (!block(t, false))  // the first block's layout stands for all: never taken
+        throw ValueError("[conv2d] a GEMM block of a 1x1 convolution has no BLAS layout");
   });
   out.buffer = std::move(buffer);
   g_gemm_calls.fetch_add(1);
