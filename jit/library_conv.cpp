@@ -1045,7 +1045,8 @@ std::string conv_path(DType dtype) {
     const dnnl_version_t* v = dnnl_version();
     return "oneDNN " + std::to_string(v->major) + "." + std::to_string(v->minor) + "." +
            std::to_string(v->patch) + " convolution, " + gemm_path(DType::Float32).kernels + " (" +
-           probed(dtype) + " on a 3x3 probe)";
+           probed(dtype) + " on a 3x3 probe)" +
+           (dtype == DType::Float32 ? "; 1x1 at stride 1 without padding: GEMM calls" : "");
   }
 #endif
   (void)dtype;

@@ -58,7 +58,8 @@ ConvLayoutCalls conv_layout_calls();
 bool cpu_conv_available(DType dtype);
 
 /// What runs `dtype` convolutions, for `kiln info`: "oneDNN 2.6.3 convolution,
-/// avx512_core_amx (brgconv:avx512_core on a 3x3 probe)" or "im2col + GEMM".
+/// avx512_core_amx (brgconv:avx512_core on a 3x3 probe)" (float32 adds that 1x1
+/// convolutions at stride 1 without padding are GEMM calls) or "im2col + GEMM".
 std::string conv_path(DType dtype);
 
 }  // namespace kiln::jit
