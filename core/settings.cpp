@@ -50,6 +50,11 @@ const std::vector<Variable> kVariables = {
      "no library GEMM: matmuls become generated reductions", W::PerProcess},
     {"KILN_DISABLE_CONV", "1/true/on/yes or 0/false/off/no",
      "no library convolution: conv2d runs as im2col + library GEMM", W::PerProcess},
+    {"KILN_CONV_LAYOUT", "auto, blocked, plain or gemm",
+     "how library convolutions run: oneDNN on its blocked layouts with reorders or on kiln's "
+     "tensors as stored, kiln's GEMM calls (1x1 convolutions), or chosen per pass and shape "
+     "(default auto)",
+     W::PerUse},
     {"KILN_DISABLE_ACCUMULATE", "1/true/on/yes or 0/false/off/no",
      "no in-place gradient accumulation", W::PerProcess},
     {"KILN_DISABLE_ROUNDING", "1/true/on/yes or 0/false/off/no",

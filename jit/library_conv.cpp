@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -13,6 +14,7 @@
 #include <vector>
 
 #include "../core/error.h"
+#include "../core/settings.h"
 #include "../core/thread_pool.h"
 #include "blas.h"
 #include "library_gemm.h"
@@ -423,10 +425,18 @@ dnnl_data_type_t dnnl_type(DType t) {
 // The three tensors of a convolution, by their place in its signature.
 enum Slot : size_t { kImage, kWeights, kDy };
 
-// One pass of one shape and layout: the primitive on layouts of oneDNN's choosing (blocked,
-// as bench_conv measured fastest), and the reorders from and to kiln's plain layouts.
+// Where a call's three tensors are laid out for oneDNN:
+//   Blocked  oneDNN's own choice (format_tag::any: nChw16c and the like), with reorders from
+//            and back to kiln's tensors around the primitive
+//   Plain    kiln's tensors as they are stored (NCHW, OIHW or whatever strides the match
+//            found): no reorders; oneDNN runs its GEMM-based convolution on them
+enum class Layout : uint8_t { Blocked, Plain };
+
+// One pass of one shape and layout: the primitive, and the reorders from and to kiln's
+// plain layouts where its own differ.
 struct Primitive {
   dnnl_primitive_t conv = nullptr;
+  Layout layout = Layout::Blocked;
   std::array<dnnl_memory_desc_t, 3> user{}, inner{};
   std::array<dnnl_primitive_t, 3> reorder{};  // user -> inner for inputs, back for the result
   dnnl_memory_desc_t bias{};                  // forward with a bias: a plain float32 vector
@@ -443,7 +453,7 @@ struct Primitive {
   Primitive& operator=(Primitive&& o) noexcept {
     std::swap(conv, o.conv);
     std::swap(reorder, o.reorder);
-    user = o.user, inner = o.inner, bias = o.bias, impl = std::move(o.impl);
+    layout = o.layout, user = o.user, inner = o.inner, bias = o.bias, impl = std::move(o.impl);
     conv_scratch = o.conv_scratch, reorder_scratch = o.reorder_scratch;
     return *this;
   }
@@ -452,6 +462,9 @@ struct Primitive {
     for (dnnl_primitive_t r : reorder)
       if (r) dnnl_primitive_destroy(r);
   }
+  // oneDNN has a kernel for it other than its reference code (which is slower than any
+  // other path, im2col + GEMM included).
+  bool usable() const { return conv != nullptr && impl.find("ref") == std::string::npos; }
 };
 
 // An oneDNN call's status as an error.
@@ -465,10 +478,11 @@ Slot result_slot(ConvPass pass) {
   return pass == ConvPass::Forward ? kDy : pass == ConvPass::BackwardData ? kImage : kWeights;
 }
 
-// Builds the primitive of `pr` (nullptr conv when oneDNN has no implementation).
-Primitive build(const Problem& pr, int64_t crop_h, int64_t crop_w) {
+// Builds the primitive of `pr` on `layout` (nullptr conv when oneDNN has no implementation).
+Primitive build(const Problem& pr, int64_t crop_h, int64_t crop_w, Layout layout) {
   const Geometry& g = pr.g;
   Primitive p;
+  p.layout = layout;
   const dnnl_data_type_t in = dnnl_type(pr.in), out = dnnl_type(pr.out);
   std::array<dnnl_data_type_t, 3> types{in, in, in};
   types[result_slot(pr.pass)] = out;
@@ -484,47 +498,49 @@ Primitive build(const Problem& pr, int64_t crop_h, int64_t crop_w) {
   const dnnl_dims_t w_strides5 = {pr.w[0], pr.w[1], pr.w[2], pr.w[3], pr.w[4]};
   const dnnl_dims_t w_strides4 = {pr.w[1], pr.w[2], pr.w[3], pr.w[4]};
   const int wn = grouped ? 5 : 4;
-  const int64_t* w_dims = grouped ? w_dims5 : w_dims4;
-  check(dnnl_memory_desc_init_by_strides(&p.user[kImage], 4, image_dims, types[kImage],
-                                         image_strides),
-        "memory descriptor");
-  check(dnnl_memory_desc_init_by_strides(&p.user[kWeights], wn, w_dims, types[kWeights],
-                                         grouped ? w_strides5 : w_strides4),
-        "memory descriptor");
-  check(dnnl_memory_desc_init_by_strides(&p.user[kDy], 4, dy_dims, types[kDy], dy_strides),
-        "memory descriptor");
+  const std::array<int, 3> ndims{4, wn, 4};
+  const std::array<const int64_t*, 3> dims{image_dims, grouped ? w_dims5 : w_dims4, dy_dims};
+  const std::array<const int64_t*, 3> strides{image_strides, grouped ? w_strides5 : w_strides4,
+                                              dy_strides};
+  // Slot k as the primitive sees it, of dtype `t`: kiln's own strides on the plain layout,
+  // else oneDNN's choice.
+  auto layout_desc = [&](size_t k, dnnl_data_type_t t) {
+    dnnl_memory_desc_t d;
+    if (layout == Layout::Plain)
+      check(dnnl_memory_desc_init_by_strides(&d, ndims[k], dims[k], t, strides[k]),
+            "memory descriptor");
+    else
+      check(dnnl_memory_desc_init_by_tag(&d, ndims[k], dims[k], t, dnnl_format_tag_any),
+            "memory descriptor");
+    return d;
+  };
   std::array<dnnl_memory_desc_t, 3> any{};
-  check(
-      dnnl_memory_desc_init_by_tag(&any[kImage], 4, image_dims, types[kImage], dnnl_format_tag_any),
-      "memory descriptor");
-  check(dnnl_memory_desc_init_by_tag(&any[kWeights], wn, w_dims, types[kWeights],
-                                     dnnl_format_tag_any),
-        "memory descriptor");
-  check(dnnl_memory_desc_init_by_tag(&any[kDy], 4, dy_dims, types[kDy], dnnl_format_tag_any),
-        "memory descriptor");
-  const dnnl_dims_t strides = {g.sh, g.sw}, dilates = {g.dh - 1, g.dw - 1}, pad_l = {g.ph, g.pw};
+  for (size_t k = 0; k < 3; ++k) {
+    check(dnnl_memory_desc_init_by_strides(&p.user[k], ndims[k], dims[k], types[k], strides[k]),
+          "memory descriptor");
+    any[k] = layout_desc(k, types[k]);
+  }
+  const dnnl_dims_t conv_strides = {g.sh, g.sw}, dilates = {g.dh - 1, g.dw - 1},
+                    pad_l = {g.ph, g.pw};
   const dnnl_dims_t pad_r = {(g.oh - 1) * g.sh + (g.kh - 1) * g.dh + 1 - (g.h - crop_h) - g.ph,
                              (g.ow - 1) * g.sw + (g.kw - 1) * g.dw + 1 - (g.w - crop_w) - g.pw};
   const dnnl_alg_kind_t alg = dnnl_convolution_direct;
   // The forward descriptor (the backward passes' hint), on the operands' dtype.
-  dnnl_memory_desc_t fwd_dst = any[kDy];
-  if (pr.pass != ConvPass::Forward)
-    check(dnnl_memory_desc_init_by_tag(&fwd_dst, 4, dy_dims, in, dnnl_format_tag_any),
-          "memory descriptor");
-  dnnl_convolution_desc_t fwd;
-  dnnl_memory_desc_t fwd_src = any[kImage], fwd_w = any[kWeights];
+  dnnl_memory_desc_t fwd_src = any[kImage], fwd_w = any[kWeights], fwd_dst = any[kDy];
   if (pr.pass != ConvPass::Forward) {
-    check(dnnl_memory_desc_init_by_tag(&fwd_src, 4, image_dims, in, dnnl_format_tag_any), "md");
-    check(dnnl_memory_desc_init_by_tag(&fwd_w, wn, w_dims, in, dnnl_format_tag_any), "md");
+    fwd_src = layout_desc(kImage, in);
+    fwd_w = layout_desc(kWeights, in);
+    fwd_dst = layout_desc(kDy, in);
   }
+  dnnl_convolution_desc_t fwd;
   const dnnl_dims_t bias_dims = {o}, bias_strides = {1};
   const bool with_bias = pr.bias && pr.pass == ConvPass::Forward;
   if (with_bias)
     check(dnnl_memory_desc_init_by_strides(&p.bias, 1, bias_dims, dnnl_f32, bias_strides),
           "memory descriptor");
-  if (dnnl_dilated_convolution_forward_desc_init(&fwd, dnnl_forward_training, alg, &fwd_src, &fwd_w,
-                                                 with_bias ? &p.bias : nullptr, &fwd_dst, strides,
-                                                 dilates, pad_l, pad_r) != dnnl_success)
+  if (dnnl_dilated_convolution_forward_desc_init(
+          &fwd, dnnl_forward_training, alg, &fwd_src, &fwd_w, with_bias ? &p.bias : nullptr,
+          &fwd_dst, conv_strides, dilates, pad_l, pad_r) != dnnl_success)
     return p;
   dnnl_primitive_desc_t hint = nullptr, pd = nullptr;
   // Primitives are cached and run from any thread, several at once; oneDNN's default
@@ -547,13 +563,13 @@ Primitive build(const Problem& pr, int64_t crop_h, int64_t crop_w) {
     pd = hint;
     hint = nullptr;
   } else if (pr.pass == ConvPass::BackwardData) {
-    s = dnnl_dilated_convolution_backward_data_desc_init(&desc, alg, &any[kImage], &any[kWeights],
-                                                         &any[kDy], strides, dilates, pad_l, pad_r);
+    s = dnnl_dilated_convolution_backward_data_desc_init(
+        &desc, alg, &any[kImage], &any[kWeights], &any[kDy], conv_strides, dilates, pad_l, pad_r);
     if (s == dnnl_success) s = dnnl_primitive_desc_create(&pd, &desc, attr.get(), engine(), hint);
   } else {
     s = dnnl_dilated_convolution_backward_weights_desc_init(&desc, alg, &any[kImage],
                                                             &any[kWeights], nullptr, &any[kDy],
-                                                            strides, dilates, pad_l, pad_r);
+                                                            conv_strides, dilates, pad_l, pad_r);
     if (s == dnnl_success) s = dnnl_primitive_desc_create(&pd, &desc, attr.get(), engine(), hint);
   }
   if (hint) dnnl_primitive_desc_destroy(hint);
@@ -586,17 +602,84 @@ Primitive build(const Problem& pr, int64_t crop_h, int64_t crop_w) {
   return p;
 }
 
+// The most that oneDNN's own layouts grow one of the call's tensors by padding a blocked
+// dimension: 1 when nothing is padded, 16/3 for the stem's 3 image channels in nChw16c.
+double padding_growth(const Primitive& p) {
+  double most = 1;
+  for (const dnnl_memory_desc_t& d : p.inner) {
+    double real = 1, padded = 1;
+    for (int i = 0; i < d.ndims; ++i) {
+      real *= static_cast<double>(d.dims[i]);
+      padded *= static_cast<double>(d.padded_dims[i]);
+    }
+    if (real > 0) most = std::max(most, padded / real);
+  }
+  return most;
+}
+
+// Whether oneDNN's convolution on plain layouts is one GEMM per image on the tensors as they
+// are stored: a 1x1 kernel at stride 1 without padding (nothing to gather into patches).
+bool im2col_free(const Geometry& g, int64_t crop_h, int64_t crop_w) {
+  return g.kh == 1 && g.kw == 1 && g.sh == 1 && g.sw == 1 && g.ph == 0 && g.pw == 0 &&
+         crop_h == 0 && crop_w == 0;
+}
+
+// The layout a oneDNN call runs on (KILN_CONV_LAYOUT=blocked or plain forces one where oneDNN
+// has a kernel for it; float32 1x1 convolutions at stride 1 without padding do not get here,
+// see run_gemms). The rule, from what each layout costs besides the convolution itself:
+// blocked layouts pay the reorders of the image and dy (a read and a write of each), plain
+// layouts pay oneDNN's im2col (a copy of kh*kw times the image) and its GEMM, which measured
+// 1.8-2.4x the blocked kernels with their reorders on bench_conv's 3x3 and stem passes. So:
+//   * plain where it needs no im2col (1x1, stride 1, no padding): the same GEMM with no
+//     copies at all (bench_conv's 1x1 forward and backward data: 0.6x the blocked time);
+//   * plain where the blocked layout pads a tensor to 2x or more, since the blocked kernels
+//     then compute on as many zeros as values or more (the stem's backward data, whose 3
+//     image channels become 16: 0.47x the blocked time);
+//   * else blocked.
+// The weight gradient stays blocked whatever it costs: oneDNN's GEMM-based one sums partial
+// gradients per thread, so its bits change with the thread count (a 1x1 weight gradient on
+// 1 thread differs from 2), and kiln's results may not.
+Primitive choose(const Problem& pr, int64_t crop_h, int64_t crop_w, const std::string& want) {
+  auto other = [](Layout l) { return l == Layout::Plain ? Layout::Blocked : Layout::Plain; };
+  auto try_in_order = [&](Layout first) {
+    Primitive p = build(pr, crop_h, crop_w, first);
+    if (p.usable()) return p;
+    Primitive q = build(pr, crop_h, crop_w, other(first));
+    return q.usable() ? std::move(q) : std::move(p);
+  };
+  if (want == "plain") return try_in_order(Layout::Plain);
+  // Never the GEMM-based weight gradient unless forced, not even in place of reference code.
+  if (pr.pass == ConvPass::BackwardWeights) return build(pr, crop_h, crop_w, Layout::Blocked);
+  if (want == "blocked") return try_in_order(Layout::Blocked);
+  if (im2col_free(pr.g, crop_h, crop_w)) return try_in_order(Layout::Plain);
+  Primitive blocked = build(pr, crop_h, crop_w, Layout::Blocked);
+  if (blocked.usable() && padding_growth(blocked) < 2) return blocked;
+  Primitive plain = build(pr, crop_h, crop_w, Layout::Plain);
+  return plain.usable() || !blocked.usable() ? std::move(plain) : std::move(blocked);
+}
+
+// KILN_CONV_LAYOUT: auto (the rule), blocked, plain (oneDNN on kiln's tensors) or gemm
+// (kiln's GEMM calls where the convolution is one GEMM per image, else the rule).
+std::string requested_layout() {
+  return settings::choice("KILN_CONV_LAYOUT", {"auto", "blocked", "plain", "gemm"})
+      .value_or("auto");
+}
+
 // The cached primitive of a problem (its every size, stride and dtype is the key).
 std::shared_ptr<const Primitive> primitive_for(const Problem& pr, int64_t crop_h, int64_t crop_w) {
   static std::mutex mutex;
   static std::map<std::vector<int64_t>, std::shared_ptr<const Primitive>> cache;
+  const std::string want = requested_layout();
   const Geometry& g = pr.g;
   std::vector<int64_t> key{static_cast<int64_t>(pr.pass),
                            static_cast<int64_t>(pr.in),
                            static_cast<int64_t>(pr.out),
                            crop_h,
                            crop_w,
-                           pr.bias ? 1 : 0};
+                           pr.bias ? 1 : 0,
+                           want == "plain"     ? 2
+                           : want == "blocked" ? 1
+                                               : 0};  // gemm: the rule, where GEMMs cannot run
   for (int64_t v : {g.n, g.c, g.h, g.w, g.groups, g.cg, g.og, g.oh, g.ow, g.kh, g.kw, g.sh, g.sw,
                     g.ph, g.pw, g.dh, g.dw})
     key.push_back(v);
@@ -607,7 +690,7 @@ std::shared_ptr<const Primitive> primitive_for(const Problem& pr, int64_t crop_h
   // Bounded: a workload with very many shapes drops them all and starts again (a call in
   // flight on another thread keeps its primitive alive through its shared pointer).
   if (cache.size() >= 512) cache.clear();
-  auto made = std::make_shared<Primitive>(build(pr, crop_h, crop_w));
+  auto made = std::make_shared<Primitive>(choose(pr, crop_h, crop_w, want));
   cache.emplace(std::move(key), made);
   return made;
 }
@@ -679,6 +762,153 @@ void release(std::array<dnnl_memory_t, 3>& um, std::array<dnnl_memory_t, 3>& im,
   for (dnnl_memory_t m : im)
     if (m) dnnl_memory_destroy(m);
   if (bias) dnnl_memory_destroy(bias);
+}
+
+std::atomic<size_t> g_blocked_calls{0}, g_plain_calls{0}, g_gemm_calls{0};
+
+// A float32 matrix in memory: element (i, j) at p[i * rs + j * cs].
+struct Matrix {
+  float* p;
+  int64_t rows, cols, rs, cs;
+  Matrix t() const { return {p, cols, rows, cs, rs}; }
+};
+
+// How BLAS reads `m` as a row-major operand: as stored (cs 1, ld rs) or transposed (rs 1, ld
+// cs). A dimension of extent 1 takes any stride. False when neither stride is 1.
+bool blas_operand(const Matrix& m, bool* trans, int64_t* ld) {
+  if (m.cs == 1 || m.cols == 1) {
+    *trans = false;
+    *ld = std::max(m.rs, m.cols);
+    return m.rows == 1 || m.rs >= m.cols;
+  }
+  if (m.rs == 1 || m.rows == 1) {
+    *trans = true;
+    *ld = std::max(m.cs, m.rows);
+    return m.cols == 1 || m.cs >= m.rows;
+  }
+  return false;
+}
+
+// c = a @ b (+ c when `accumulate`) on one thread; false when a layout is not one BLAS
+// reads (nothing is computed then).
+bool gemm(const Matrix& a, const Matrix& b, const Matrix& c, bool accumulate, bool dry_run) {
+  // A result whose rows are contiguous is computed as its transpose: c^T = b^T @ a^T.
+  if (c.cs != 1 && c.cols > 1) {
+    if (c.rs != 1 && c.rows > 1) return false;
+    return gemm(b.t(), a.t(), c.t(), accumulate, dry_run);
+  }
+  bool ta = false, tb = false;
+  int64_t lda = 0, ldb = 0;
+  if (!blas_operand(a, &ta, &lda) || !blas_operand(b, &tb, &ldb)) return false;
+  const int64_t ldc = std::max(c.rs, c.cols);
+  if (c.rows > 1 && c.rs < c.cols) return false;
+  if (!dry_run)
+    cpu_gemm(DType::Float32, ta, tb, c.rows, c.cols, a.cols, a.p, lda, b.p, ldb, accumulate, c.p,
+             ldc);
+  return true;
+}
+
+// Width of the fixed blocks a GEMM convolution is cut into: every block is one BLAS call
+// whatever the thread count, so each result element is summed in the same order on any
+// number of threads (library GEMM's own row split would change with it).
+constexpr int64_t kGemmBlock = 1024;
+constexpr int64_t kWeightBlock = 64;
+
+// A 1x1 convolution at stride 1 without padding (im2col_free) as kiln's own float32 GEMM
+// calls on the thread pool, reading and writing kiln's tensors as stored: per image and
+// group, forward y = w @ x (+ bias), backward data dx = w^T @ dy, and the weight gradient
+// dw = sum over images of dy @ x^T (images added in order). oneDNN's GEMM convolution does
+// the same products with no reorders, but its weight gradient's bits change with the thread
+// count, and its two OpenMP threads spin in libgomp's barriers whenever one of them is
+// descheduled: on a 2-core machine shared with two busy processes its 1x1 forward took
+// 96-188 ms (12 ms on one thread); these calls are one pool job of independent BLAS calls.
+// False (nothing run) when a tensor's layout is not one BLAS reads.
+bool run_gemms(const Problem& pr, bool dry_run) {
+  const Geometry& g = pr.g;
+  if (pr.in != DType::Float32 || pr.out != DType::Float32 || !im2col_free(g, 0, 0)) return false;
+  const int64_t hw = g.h * g.w;
+  // dy's OH and OW must flatten into one stride, as the image's do.
+  if (g.oh > 1 && g.ow > 1 && pr.dy[2] != g.ow * pr.dy[3]) return false;
+  const int64_t dy_hw = g.ow > 1 ? pr.dy[3] : pr.dy[2];
+  Node& out = *pr.root;
+  std::shared_ptr<Buffer> buffer;
+  float* result = nullptr;
+  if (!dry_run) {
+    buffer = out.buffer ? out.buffer : std::make_shared<Buffer>(out.nbytes(), out.device);
+    result = static_cast<float*>(buffer->data());
+  }
+  auto data = [](Node* n) { return n ? static_cast<float*>(n->buffer->data()) : nullptr; };
+  float* image = pr.pass == ConvPass::BackwardData ? result : dry_run ? nullptr : data(pr.a);
+  float* weights = pr.pass == ConvPass::BackwardWeights ? result
+                   : dry_run                            ? nullptr
+                                                        : data(pr.b) + pr.w_offset;
+  float* dy = pr.pass == ConvPass::Forward ? result
+              : dry_run                    ? nullptr
+                        : data(pr.pass == ConvPass::BackwardData ? pr.a : pr.b) + pr.dy_offset;
+  // The matrices of image n, group gi.
+  auto x_of = [&](int64_t n, int64_t gi) {
+    return Matrix{image ? image + n * g.c * hw + gi * g.cg * hw : nullptr, g.cg, hw, hw, 1};
+  };
+  auto w_of = [&](int64_t gi) {
+    return Matrix{weights ? weights + gi * pr.w[0] : nullptr, g.og, g.cg, pr.w[1], pr.w[2]};
+  };
+  auto dy_of = [&](int64_t n, int64_t gi) {
+    return Matrix{dy ? dy + n * pr.dy[0] + gi * g.og * pr.dy[1] : nullptr, g.og, hw, pr.dy[1],
+                  dy_hw};
+  };
+  auto cols = [](const Matrix& m, int64_t c0, int64_t c1) {
+    return Matrix{m.p ? m.p + c0 * m.cs : nullptr, m.rows, c1 - c0, m.rs, m.cs};
+  };
+  auto rows = [](const Matrix& m, int64_t r0, int64_t r1) {
+    return Matrix{m.p ? m.p + r0 * m.rs : nullptr, r1 - r0, m.cols, m.rs, m.cs};
+  };
+  // Whether BLAS reads every matrix: the first block of each kind stands for all.
+  const int64_t blocks = (hw + kGemmBlock - 1) / kGemmBlock;
+  const bool weight_rows = g.og >= g.cg;  // the weight gradient's blocks cut its longer side
+  const int64_t wblocks = ((weight_rows ? g.og : g.cg) + kWeightBlock - 1) / kWeightBlock;
+  auto block = [&](int64_t task, bool dry) {
+    if (pr.pass == ConvPass::BackwardWeights) {
+      const int64_t gi = task / wblocks, b = task % wblocks;
+      const int64_t lo = b * kWeightBlock;
+      const int64_t hi = std::min(lo + kWeightBlock, weight_rows ? g.og : g.cg);
+      for (int64_t n = 0; n < g.n; ++n) {
+        Matrix d = dy_of(n, gi), x = x_of(n, gi), w = w_of(gi);
+        if (weight_rows) {
+          d = rows(d, lo, hi);
+          w = rows(w, lo, hi);
+        } else {
+          x = rows(x, lo, hi);
+          w = cols(w, lo, hi);
+        }
+        if (!gemm(d, x.t(), w, n > 0, dry)) return false;
+        if (dry) break;
+      }
+      return true;
+    }
+    const int64_t n = task / (g.groups * blocks), gi = task / blocks % g.groups;
+    const int64_t c0 = task % blocks * kGemmBlock, c1 = std::min(c0 + kGemmBlock, hw);
+    if (pr.pass == ConvPass::BackwardData)
+      return gemm(w_of(gi).t(), cols(dy_of(n, gi), c0, c1), cols(x_of(n, gi), c0, c1), false, dry);
+    const Matrix y = cols(dy_of(n, gi), c0, c1);
+    const float* bias = pr.bias && !dry ? data(pr.bias) + pr.bias_offset : nullptr;
+    // y holds the bias, and the GEMM adds the products to it (BLAS beta = 1).
+    if (bias)
+      for (int64_t o = 0; o < y.rows; ++o)
+        for (int64_t j = 0; j < y.cols; ++j) y.p[o * y.rs + j * y.cs] = bias[gi * g.og + o];
+    return gemm(w_of(gi), cols(x_of(n, gi), c0, c1), y, bias != nullptr, dry);
+  };
+  if (!block(0, true)) return false;
+  if (dry_run) return true;
+  const int64_t tasks =
+      pr.pass == ConvPass::BackwardWeights ? g.groups * wblocks : g.n * g.groups * blocks;
+  thread_pool().parallel_for(tasks, 1, [&](int64_t lo, int64_t hi) {
+    for (int64_t t = lo; t < hi; ++t)
+      if (!block(t, false))  // the first block's layout stands for all: never taken
+        throw ValueError("[conv2d] a GEMM block of a 1x1 convolution has no BLAS layout");
+  });
+  out.buffer = std::move(buffer);
+  g_gemm_calls.fetch_add(1);
+  return true;
 }
 
 void run_dnnl(const Problem& pr) {
@@ -767,6 +997,7 @@ void run_dnnl(const Problem& pr) {
   }
   release(um, im, bias);
   out.buffer = std::move(buffer);
+  (p.layout == Layout::Plain ? g_plain_calls : g_blocked_calls).fetch_add(1);
 }
 
 // A 3x3 convolution of `dtype` on 16 channels: whether oneDNN has all three passes for it on
@@ -781,9 +1012,9 @@ std::string probe(DType dtype) {
   for (ConvPass pass : {ConvPass::Forward, ConvPass::BackwardData, ConvPass::BackwardWeights}) {
     pr.pass = pass;
     pr.out = pass == ConvPass::BackwardData ? dtype : DType::Float32;
-    const std::shared_ptr<const Primitive> p = primitive_for(pr, 0, 0);
-    if (!p->conv || p->impl.find("ref") != std::string::npos) return "";
-    if (pass == ConvPass::Forward) impl = p->impl;
+    const Primitive p = choose(pr, 0, 0, "blocked");
+    if (!p.usable()) return "";
+    if (pass == ConvPass::Forward) impl = p.impl;
   }
   return impl;
 }
@@ -814,11 +1045,20 @@ std::string conv_path(DType dtype) {
     const dnnl_version_t* v = dnnl_version();
     return "oneDNN " + std::to_string(v->major) + "." + std::to_string(v->minor) + "." +
            std::to_string(v->patch) + " convolution, " + gemm_path(DType::Float32).kernels + " (" +
-           probed(dtype) + " on a 3x3 probe)";
+           probed(dtype) + " on a 3x3 probe)" +
+           (dtype == DType::Float32 ? "; 1x1 at stride 1 without padding: GEMM calls" : "");
   }
 #endif
   (void)dtype;
   return "im2col + GEMM";
+}
+
+ConvLayoutCalls conv_layout_calls() {
+#if KILN_WITH_DNNL
+  return {g_blocked_calls.load(), g_plain_calls.load(), g_gemm_calls.load()};
+#else
+  return {};
+#endif
 }
 
 bool match_conv(Node* root, const std::function<bool(Node*)>& single_use, ConvMatch* match) {
@@ -851,6 +1091,10 @@ void run_conv(const ConvMatch& match) {
   if (!analyze(match.root, true, &pr) || pr.pass != match.pass)
     throw ValueError("[conv2d] the library convolution no longer matches its plan");
 #if KILN_WITH_DNNL
+  // A float32 1x1 convolution at stride 1 without padding is kiln's GEMM calls (run_gemms),
+  // unless a layout of oneDNN's convolution is forced.
+  const std::string want = requested_layout();
+  if ((want == "auto" || want == "gemm") && run_gemms(pr, false)) return;
   run_dnnl(pr);
 #else
   throw ValueError("[conv2d] a library convolution was planned in a build without oneDNN");

@@ -40,12 +40,26 @@ bool match_conv(Node* root, const std::function<bool(Node*)>& single_use, ConvMa
 /// Computes match.root's value from the buffers of match.a and match.b.
 void run_conv(const ConvMatch& match);
 
+/// Library convolution calls made so far in this process, by how they ran: oneDNN's
+/// convolution on its own blocked layouts (with reorders around the primitive) or on kiln's
+/// tensors as stored (plain), or kiln's float32 GEMM calls on the tensors as stored (a 1x1
+/// convolution at stride 1 without padding is one GEMM per image). Which one a call takes is
+/// decided per pass and shape (see `choose` in library_conv.cpp); KILN_CONV_LAYOUT=blocked,
+/// plain or gemm forces one where it can run.
+struct ConvLayoutCalls {
+  size_t blocked = 0;
+  size_t plain = 0;
+  size_t gemm = 0;
+};
+ConvLayoutCalls conv_layout_calls();
+
 /// True when convolutions of `dtype` (the dtype of the image and weight) run on a library
 /// on this CPU: float32 with oneDNN built in; bfloat16/float16 where oneDNN has kernels.
 bool cpu_conv_available(DType dtype);
 
 /// What runs `dtype` convolutions, for `kiln info`: "oneDNN 2.6.3 convolution,
-/// avx512_core_amx (brgconv:avx512_core on a 3x3 probe)" or "im2col + GEMM".
+/// avx512_core_amx (brgconv:avx512_core on a 3x3 probe)" (float32 adds that 1x1
+/// convolutions at stride 1 without padding are GEMM calls) or "im2col + GEMM".
 std::string conv_path(DType dtype);
 
 }  // namespace kiln::jit

@@ -5,6 +5,16 @@
 // evaluates the im2col composition) from the same inputs. Tolerance: float32 5e-5 absolute
 // plus 5e-5 relative (sums of up to ~600 products in a different order); bfloat16 against
 // the float32 reference: 2e-2 relative to the largest value (8 mantissa bits per rounding).
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <optional>
+#include <string>
+
 #include "jit/executor.h"
 #include "jit/fuse.h"
 #include "jit/library_conv.h"
@@ -93,6 +103,32 @@ const ConvCase kCases[] = {
     {2, 4, 8, 10, 6, 2, 3, {2, 3}, {0, 1}, {1, 2}, 2, false},  // non-square kernel, crop
     {1, 4, 5, 5, 4, 5, 5, {1, 1}, {0, 0}, {1, 1}, 1, true},    // 1x1 output
     {4, 12, 9, 9, 6, 3, 3, {3, 3}, {1, 1}, {1, 1}, 3, true},   // stride 3, groups 3
+    {3, 8, 5, 7, 6, 1, 1, {1, 1}, {0, 0}, {1, 1}, 2, true},    // 1x1, groups 2, bias
+};
+
+// KILN_CONV_LAYOUT set for a scope (read per call), restored after.
+class LayoutScope {
+ public:
+  explicit LayoutScope(const char* layout) {
+    if (const char* v = std::getenv("KILN_CONV_LAYOUT")) saved_ = v;
+    ::setenv("KILN_CONV_LAYOUT", layout, 1);
+  }
+  ~LayoutScope() {
+    if (saved_)
+      ::setenv("KILN_CONV_LAYOUT", saved_->c_str(), 1);
+    else
+      ::unsetenv("KILN_CONV_LAYOUT");
+  }
+  LayoutScope(const LayoutScope&) = delete;
+  LayoutScope& operator=(const LayoutScope&) = delete;
+
+ private:
+  std::optional<std::string> saved_;
+};
+
+// Library convolution calls of one run_case (its forward, then its step), by layout.
+struct LayoutCount {
+  size_t blocked = 0, plain = 0, gemm = 0;
 };
 
 }  // namespace
@@ -116,6 +152,60 @@ TEST_CASE("conv2d runs its three products on the library and matches the referen
     CHECK(mismatch(jit.dx, ref.dx, 5e-5, 5e-5) == "");
     CHECK(mismatch(jit.dw, ref.dw, 5e-5, 5e-5) == "");
     CHECK(mismatch(jit.db, ref.db, 5e-5, 5e-5) == "");
+  }
+}
+
+TEST_CASE("conv2d matches the reference on each library layout", "[nn][conv]") {
+  if (!kiln::jit::cpu_conv_available(DType::Float32)) {
+    WARN("no library convolution in this build: skipped");
+    return;
+  }
+  // Forced blocked (oneDNN's layouts, reorders around the primitive) and forced plain (kiln's
+  // tensors as stored, no reorders), then the per-pass rule; the same tolerance as above.
+  for (const char* layout : {"blocked", "plain", "gemm", "auto"}) {
+    size_t plain_calls = 0;
+    for (size_t i = 0; i < std::size(kCases); ++i) {
+      const ConvCase& k = kCases[i];
+      INFO(layout << ": " << describe(k));
+      ConvResult ref;
+      {
+        kiln::test::ExecutorScope scope("reference");
+        ref = run_case(k, 300 + i, DType::Float32);
+      }
+      const kiln::jit::ConvLayoutCalls before = kiln::jit::conv_layout_calls();
+      ConvResult jit;
+      {
+        LayoutScope scope(layout);
+        jit = run_case(k, 300 + i, DType::Float32);
+      }
+      const kiln::jit::ConvLayoutCalls after = kiln::jit::conv_layout_calls();
+      const LayoutCount got{after.blocked - before.blocked, after.plain - before.plain,
+                            after.gemm - before.gemm};
+      plain_calls += got.plain;
+      // The forward alone, then the forward and both backward passes.
+      CHECK(got.blocked + got.plain + got.gemm == 4);
+      const bool one_gemm = k.kh == 1 && k.kw == 1 && k.stride.h == 1 && k.stride.w == 1 &&
+                            k.padding.h == 0 && k.padding.w == 0;
+      // Each way must really run: forced blocked and plain run oneDNN's convolution
+      // alone (plain takes the 3x3, 1x1 and stem cases without reorders), gemm and the
+      // rule run every 1x1 convolution at stride 1 without padding as GEMMs (all four
+      // calls), and the rule runs the stem plain where its 3 channels would be padded
+      // to 16 (its backward data at least).
+      const std::string l = layout;
+      if (l == "blocked") CHECK(got.blocked == 4);
+      if (l == "plain") CHECK(got.gemm == 0);
+      if (l == "plain" && (i == 0 || i == 4 || i == 5)) CHECK(got.plain == 4);
+      if (l == "gemm" || l == "auto") CHECK(got.gemm == (one_gemm ? 4u : 0u));
+      if (l == "auto" && i == 5) CHECK(got.plain >= 1);
+      CHECK(mismatch(jit.y, ref.y, 5e-5, 5e-5) == "");
+      CHECK(mismatch(jit.dx, ref.dx, 5e-5, 5e-5) == "");
+      CHECK(mismatch(jit.dw, ref.dw, 5e-5, 5e-5) == "");
+      CHECK(mismatch(jit.db, ref.db, 5e-5, 5e-5) == "");
+    }
+    // Forced plain falls back to blocked only where oneDNN has no plain kernel but its
+    // reference code (on oneDNN 2.6.3 the stride-3 grouped case at least).
+    INFO(layout);
+    if (std::string(layout) == "plain") CHECK(plain_calls >= 4 * (std::size(kCases) - 3));
   }
 }
 
@@ -174,7 +264,7 @@ TEST_CASE("conv2d uses its weight twice and keeps float64 on the composition", "
 TEST_CASE("conv2d in bfloat16 runs on the library where the CPU has kernels", "[nn][conv][amp]") {
   const bool library = kiln::jit::cpu_conv_available(DType::BFloat16);
   if (!library) WARN("no bfloat16 library convolution on this CPU: the composition is checked");
-  for (size_t i : {0u, 2u, 3u, 5u}) {
+  for (size_t i : {0u, 2u, 3u, 4u, 5u, 9u}) {
     const ConvCase& k = kCases[i];
     INFO(describe(k));
     const ConvResult half = run_case(k, 200 + i, DType::BFloat16);
@@ -262,4 +352,53 @@ TEST_CASE("checkpointed library convolutions are rebuilt bit-identically", "[nn]
   CHECK(kiln::jit::last_eval_stats().conv_calls == 5);  // 2 forwards, 2 weights, 1 data
   REQUIRE(rebuilt.size() == plain.size());
   CHECK(std::memcmp(rebuilt.data(), plain.data(), plain.size() * sizeof(float)) == 0);
+}
+
+// Body of the child process of the next test; does nothing unless run by it: one training
+// step of three convolutions (1x1, 3x3, the 7x7/2 stem) at sizes where oneDNN splits the
+// work between threads, its output and gradients written as raw float32 bits to the file
+// CONV_THREADS_CHILD_OUT names.
+TEST_CASE("conv2d thread-count child: one step's bits", "[.][conv_threads_child]") {
+  const char* out = std::getenv("CONV_THREADS_CHILD_OUT");
+  if (!out) return;
+  std::vector<float> bits;
+  const ConvCase cases[] = {{8, 64, 28, 28, 32, 1, 1, {1, 1}, {0, 0}, {1, 1}, 1, true},
+                            {8, 16, 28, 28, 16, 3, 3, {1, 1}, {1, 1}, {1, 1}, 1, true},
+                            {8, 3, 56, 56, 16, 7, 7, {2, 2}, {3, 3}, {1, 1}, 1, true}};
+  for (size_t i = 0; i < std::size(cases); ++i) {
+    const ConvResult r = run_case(cases[i], 500 + i, DType::Float32);
+    for (const std::vector<double>* v : {&r.y, &r.dx, &r.dw, &r.db})
+      for (double d : *v) bits.push_back(static_cast<float>(d));
+  }
+  std::FILE* f = std::fopen(out, "wb");
+  REQUIRE(f != nullptr);
+  CHECK(std::fwrite(bits.data(), sizeof(float), bits.size(), f) == bits.size());
+  std::fclose(f);
+}
+
+TEST_CASE("conv2d's library results are the same bits on 1, 2 and 3 threads", "[nn][conv]") {
+  if (!kiln::jit::cpu_conv_available(DType::Float32)) {
+    WARN("no library convolution in this build: skipped");
+    return;
+  }
+  // The thread pool's size is fixed per process: each count runs in a child.
+  const std::string self = std::filesystem::read_symlink("/proc/self/exe").string();
+  const std::filesystem::path dir = std::filesystem::temp_directory_path();
+  std::vector<std::string> results;
+  for (int threads : {1, 2, 3}) {
+    const std::string file =
+        (dir / ("kiln_conv_threads_" + std::to_string(::getpid()) + "_" + std::to_string(threads)))
+            .string();
+    const std::string command = "KILN_NUM_THREADS=" + std::to_string(threads) +
+                                " CONV_THREADS_CHILD_OUT='" + file + "' '" + self +
+                                "' '[conv_threads_child]' >/dev/null 2>&1";
+    INFO(command);
+    REQUIRE(std::system(command.c_str()) == 0);
+    std::ifstream in(file, std::ios::binary);
+    results.emplace_back(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+    std::filesystem::remove(file);
+  }
+  REQUIRE(results[0].size() > 0);
+  CHECK(results[1] == results[0]);
+  CHECK(results[2] == results[0]);
 }
