@@ -260,13 +260,21 @@ std::string ValuePrinter::statement(int id, int side) const {
     case IrValue::Kind::InRange: {
       std::string errs = bounds_check(x, true, false);
       if (!errs.empty()) {
+        bool invariant = hoisted != nullptr && hoist_var >= 0;
+        for (const auto& [ex, n] : x.bounds)
+          invariant = invariant && !mentions_var(ex, hoist_var) && !mentions_var(n, hoist_var);
         for (size_t k = 0; k < x.bounds.size(); ++k) {
           if (!x.bound_is_error[k]) continue;
           std::string ex = index_str(x.bounds[k].first), n = index_str(x.bounds[k].second);
           std::string pre = bounds_check(x, false, true);
-          checks += indent + "if (" + (pre.empty() ? "" : "(" + pre + ") && ") + "!((" + ex +
-                    ") >= 0 && (" + ex + ") < " + n + ")) kiln_index_error(err, " +
-                    std::to_string(x.bound_site[k]) + ", " + ex + ", " + n + ");\n";
+          const std::string check = indent + "if (" + (pre.empty() ? "" : "(" + pre + ") && ") +
+                                    "!((" + ex + ") >= 0 && (" + ex + ") < " + n +
+                                    ")) kiln_index_error(err, " + std::to_string(x.bound_site[k]) +
+                                    ", " + ex + ", " + n + ");\n";
+          if (!invariant)
+            checks += check;
+          else if (hoisted->find(check) == std::string::npos)
+            *hoisted += check;
         }
       }
       e = bounds_check(x, false, false);

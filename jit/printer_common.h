@@ -77,6 +77,12 @@ struct ValuePrinter {
   const KernelIR& ir;
   const Dialect& dialect;
   std::string indent = "      ";
+  /// When set with `hoist_var`, the IndexError checks of gathers whose indices do not
+  /// depend on domain var i<hoist_var> go here instead of before their value: the caller
+  /// prints them once ahead of that var's loop, since a call inside the loop keeps it from
+  /// vectorizing (an embedding's row loop in a layer norm's kernel).
+  std::string* hoisted = nullptr;
+  int hoist_var = -1;
   /// Stored element a load reads; empty = `b<buffer>[index]`. The CUDA printer reads
   /// vector-loaded values from registers through it.
   std::function<std::string(int id, const IrValue& load)> load_ref;

@@ -278,9 +278,14 @@ std::vector<int> row_drawn_randoms(const KernelIR& ir, int k) {
   return ids;
 }
 
-std::string cone_statements(const KernelIR& ir, int root, const std::string& indent) {
+// The statements of `root`'s cone; with `hoisted`, the index checks that do not depend on
+// var i<loop_var> go there (ValuePrinter::hoisted), for the caller to print ahead of its loop.
+std::string cone_statements(const KernelIR& ir, int root, const std::string& indent,
+                            int loop_var = -1, std::string* hoisted = nullptr) {
   ValuePrinter p(ir, kCppDialect);
   p.indent = indent;
+  p.hoisted = hoisted;
+  p.hoist_var = loop_var;
   const std::vector<char> need = cone(ir, root);
   std::string s;
   for (size_t i = 0; i < need.size(); ++i)
@@ -323,13 +328,18 @@ std::string rows_body(const KernelIR& ir, const std::vector<std::string>& d) {
       s += "    {\n" + cone_statements(ir, st.value, "      ") + "      " + total + " = " +
            combine(st.reduce, total, x) + ";\n    }\n";
     } else {
-      const std::string last = "i" + std::to_string(st.first_var + nd - 1);
+      const int last_var = st.first_var + nd - 1;
+      const std::string last = "i" + std::to_string(last_var),
+                        extent = "d" + std::to_string(last_var);
+      std::string hoisted;
       auto lane = [&](const std::string& j) {
         return "      const i64 " + last + " = " + j + ";\n" +
-               cone_statements(ir, st.value, "      ");
+               cone_statements(ir, st.value, "      ", last_var, &hoisted);
       };
-      s += reduce_loop(acc_dt, st.reduce, total, lane, x,
-                       "d" + std::to_string(st.first_var + nd - 1));
+      const std::string loop = reduce_loop(acc_dt, st.reduce, total, lane, x, extent);
+      // Checked once per row, and only where the row has elements, as the loop would.
+      if (!hoisted.empty()) s += ind + "if (" + extent + " > 0) {\n" + hoisted + ind + "}\n";
+      s += loop;
     }
     s += close;
     // Rounded as a stored total would be, then read back in the compute type.
@@ -356,14 +366,17 @@ std::string rows_body(const KernelIR& ir, const std::vector<std::string>& d) {
     flat = "(" + flat + " + " + iv + ") * " + d[static_cast<size_t>(k + 1)];
   }
   const std::string last = "i" + std::to_string(rank - 1);
+  std::string hoisted;
+  const std::string body = cone_statements(ir, ir.result, ind + "  ", rank - 1, &hoisted);
+  if (!hoisted.empty())
+    s += ind + "if (" + d[static_cast<size_t>(rank - 1)] + " > 0) {\n" + hoisted + ind + "}\n";
   // In place (the memory plan may hand out an input's buffer), each element is read before
   // it is written and the stages read only this row, which they finished before.
   s += "#if defined(__clang__)\n#pragma clang loop vectorize(assume_safety)\n"
        "#elif defined(__GNUC__)\n#pragma GCC ivdep\n#endif\n" +
        ind + "for (i64 " + last + " = 0; " + last + " < " + d[static_cast<size_t>(rank - 1)] +
-       "; ++" + last + ") {\n" + cone_statements(ir, ir.result, ind + "  ") + ind +
-       "  out[row0 + " + flat + " + " + last + "] = " + store_expr(ir.out_dtype, res) + ";\n" +
-       ind + "}\n" + close + "  }\n";
+       "; ++" + last + ") {\n" + body + ind + "  out[row0 + " + flat + " + " + last +
+       "] = " + store_expr(ir.out_dtype, res) + ";\n" + ind + "}\n" + close + "  }\n";
   return s;
 }
 
@@ -478,8 +491,15 @@ PrintedKernel print_cpp(const KernelIR& ir) {
     };
     std::string inner = rank > 0 ? RowSplit(ir, p, r - 1).print(loop, store) : "";
     if (inner.empty()) {
+      // Index checks that hold for the whole row run once ahead of its loop (where it has
+      // elements), so that no call is left in a loop the vectorizer could take.
+      std::string hoisted;
+      p.hoisted = rank > 0 ? &hoisted : nullptr;
+      p.hoist_var = r - 1;
       p.emit_values();
-      inner = loop("    ") + p.body + store("      ") + "    }\n";
+      p.hoisted = nullptr;
+      inner = (hoisted.empty() ? "" : "    if (len > 0) {\n" + hoisted + "    }\n") + loop("    ") +
+              p.body + store("      ") + "    }\n";
     }
     if (chunked) {
       // The row in chunks, each drawing its words first (the index at the chunk's start).

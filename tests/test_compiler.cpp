@@ -20,6 +20,7 @@
 #include "jit/kernel_ir.h"
 #include "jit/printer_cpp.h"
 #include "test_files.h"
+#include "test_nn_support.h"
 
 using kiln::CompileError;
 using kiln::jit::CpuCompiler;
@@ -329,6 +330,74 @@ TEST_CASE("compile and load times", "[compiler]") {
               << " ms CPU of this thread; load + symbol lookup of a compiled image median "
               << median(load_ms) << " ms (" << images[0].size() << "-byte image)");
   }
+}
+
+TEST_CASE("a gather's index checks leave its row loops to the vectorizer", "[compiler][rows]") {
+#if defined(__x86_64__)
+  // An embedding's IndexError check reads the index of the row, not of the element, yet it
+  // was printed inside the row loop: a call there, and clang vectorized none of the loops of
+  // a Transformer's embedding + layer-norm kernels (bfloat16: 10 ms a launch against 3.8 ms
+  // in float32, both scalar). The checks now run once ahead of the loop.
+  if (std::system("command -v clang++-16 >/dev/null 2>&1") != 0) {
+    WARN("clang++-16 not on PATH: vectorizer check skipped");
+    return;
+  }
+  kiln::Tensor table = kiln::randn({11, 48}).eval();
+  kiln::Tensor ids = kiln::randint(0, 11, {6, 5}).eval();
+  kiln::Tensor shift = kiln::randn({48}).eval();
+  kiln::Tensor table_h = kiln::cast(table, kiln::DType::BFloat16).eval();
+  kiln::Tensor shift_h = kiln::cast(shift, kiln::DType::BFloat16).eval();
+  std::vector<std::function<kiln::Tensor()>> cases = {
+      // A map: the gathered row, scaled and shifted.
+      [&] { return kiln::nn::F::embedding(ids, table) * 2.0f + shift; },
+      // A row stage (the mean) and the row's stores both gather.
+      [&] {
+        kiln::Tensor x = kiln::nn::F::embedding(ids, table) + shift;
+        return x - kiln::mean(x, -1, true);
+      },
+      // bfloat16 rows, rounded per op as under autocast.
+      [&] {
+        kiln::Tensor x = kiln::nn::F::embedding(ids, table_h) + shift_h;
+        return x - kiln::mean(x, -1, true);
+      }};
+  for (size_t k = 0; k < cases.size(); ++k) {
+    INFO("case " << k);
+    kiln::Tensor y = cases[k]();
+    std::vector<kiln::Node*> outs{y.node().get()};
+    kiln::jit::FusionPlan plan = kiln::jit::fuse(kiln::pending_subgraph(outs), {outs[0]});
+    REQUIRE(plan.groups.size() == 1);
+    const std::string source = kiln::jit::print_cpp(kiln::jit::lower(plan.groups[0]).ir).source;
+    REQUIRE(source.find("kiln_index_error(err, ") != std::string::npos);
+    kiln::test::TempDir dir("kiln_vec");
+    const std::string src = dir.file("k.cpp"), log = dir.file("k.log");
+    kiln::test::write_bytes(src, source);
+    const std::string cmd =
+        "clang++-16 -std=c++17 -O3 -march=native -ffp-contract=off -fwrapv "
+        "-S -o /dev/null -Rpass=loop-vectorize -Rpass-missed=loop-vectorize " +
+        src + " > " + log + " 2>&1";
+    REQUIRE(std::system(cmd.c_str()) == 0);
+    const std::string remarks = kiln::test::read_bytes(log);
+    INFO(source << remarks);
+    CHECK(remarks.find("vectorized loop") != std::string::npos);
+    CHECK(remarks.find("loop not vectorized") == std::string::npos);
+    // What the kernel computes, against the reference executor.
+    const std::vector<double> got = kiln::cast(y, kiln::DType::Float64).to_vector<double>();
+    kiln::Tensor again = cases[k]();
+    const std::vector<double> want = [&] {
+      nn_test::ExecutorGuard ref("reference");
+      return kiln::cast(again, kiln::DType::Float64).to_vector<double>();
+    }();
+    REQUIRE(got.size() == want.size());
+    const double tol = k == 2 ? 2e-2 : 1e-5;
+    for (size_t i = 0; i < got.size(); ++i)
+      CHECK(std::abs(got[i] - want[i]) <= tol * (1 + std::abs(want[i])));
+  }
+  // An index out of range still raises from the hoisted check, naming the op.
+  kiln::Tensor bad = kiln::full({2, 3}, int64_t{11}, kiln::DType::Int64).eval();
+  CHECK_THROWS_AS((kiln::nn::F::embedding(bad, table) * 2.0f + shift).eval(), kiln::IndexError);
+#else
+  WARN("not an x86-64 host: vectorizer check skipped");
+#endif
 }
 
 TEST_CASE("float16 and bfloat16 loads and stores compile to vector instructions",
