@@ -348,6 +348,7 @@ uint64_t signature(const std::vector<Node*>& schedule, const std::unordered_set<
   std::unordered_map<Node*, uint64_t> key;
   uint64_t sig = schedule.size();
   std::vector<uint64_t> in_keys;
+  StoreHints hints;
   for (size_t i = 0; i < schedule.size(); ++i) {
     Node* n = schedule[i];
     p.pos[n] = static_cast<int>(i);
@@ -366,7 +367,7 @@ uint64_t signature(const std::vector<Node*>& schedule, const std::unordered_set<
     key[n] = k;
     // Fusion reads the store hint too, so two schedules differing in it (or in whether a
     // budget turns it off) fuse differently.
-    const uint64_t role = (outputs.count(n) ? 1 : 0) | (stored_by_hint(*n) ? 2 : 0);
+    const uint64_t role = (outputs.count(n) ? 1 : 0) | (hints.stored(*n) ? 2 : 0);
     sig = hash_combine(sig, hash_combine(k, role));
   }
   return sig;

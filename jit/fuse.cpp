@@ -86,13 +86,18 @@ bool pass_disabled(const char* pass) {
   return off;
 }
 
-bool stored_by_hint(const Node& n) {
-  return n.store_hint == StoreHint::Always ||
-         (n.store_hint == StoreHint::Unbudgeted && memory::budget(n.device) == 0);
+bool StoreHints::stored(const Node& n) {
+  if (n.store_hint != StoreHint::Unbudgeted) return n.store_hint == StoreHint::Always;
+  for (const auto& [device, budgeted] : budgeted_)
+    if (device == n.device) return !budgeted;
+  const bool budgeted = memory::budget(n.device) > 0;
+  budgeted_.emplace_back(n.device, budgeted);
+  return !budgeted;
 }
 
 FusionPlan fuse(const std::vector<Node*>& schedule, const std::unordered_set<Node*>& outputs) {
   const bool no_fusion = pass_disabled("FUSION");
+  StoreHints hints;
   std::unordered_map<Node*, int> consumers;
   std::unordered_set<Node*> forced;                // must be materialized whatever its cost
   std::unordered_map<Node*, int64_t> widest_read;  // largest consumer numel through a reindex
@@ -227,7 +232,7 @@ FusionPlan fuse(const std::vector<Node*>& schedule, const std::unordered_set<Nod
       const bool row_stage = row_candidates.count(n) && !stored_rows.count(n);
       // A row stage's total is computed once per row: per element it costs nothing.
       if (row_stage) c = 0;
-      bool keep = no_fusion || outputs.count(n) || forced.count(n) || stored_by_hint(*n) ||
+      bool keep = no_fusion || outputs.count(n) || forced.count(n) || hints.stored(*n) ||
                   convs.count(n) ||
                   (n->op == OpCode::ReindexReduce && !accumulated.count(n) && !row_stage &&
                    !conv_inner.count(n)) ||

@@ -2,6 +2,7 @@
 // The fusion pass: decides which values are materialized and groups every other node into
 // the kernel of the value that consumes it.
 #include <unordered_set>
+#include <utility>
 #include <vector>
 
 #include "../core/node.h"
@@ -41,9 +42,18 @@ struct FusionPlan {
 /// (KILN_DISABLE_ACCUMULATE=1 keeps the add separate).
 FusionPlan fuse(const std::vector<Node*>& schedule, const std::unordered_set<Node*>& outputs);
 
-/// Whether n's store hint makes fusion store it now: StoreHint::Always, or
-/// StoreHint::Unbudgeted while n's device has no memory budget (memory/budget.h).
-bool stored_by_hint(const Node& n);
+/// Which store hints fusion honours in one evaluation: StoreHint::Always, and
+/// StoreHint::Unbudgeted while the node's device has no memory budget (memory/budget.h).
+/// Each device's budget is read once per object: the plan cache's signature asks for every
+/// node of every evaluation.
+class StoreHints {
+ public:
+  /// Whether n's hint makes fusion store it.
+  bool stored(const Node& n);
+
+ private:
+  std::vector<std::pair<Device, bool>> budgeted_;  // a device and whether it has a budget
+};
 
 /// The size-dependent part of the fusion choices about `n` (whether a reduction can be a
 /// row stage at its sizes): plans cached for one schedule are reused only where it agrees.
