@@ -64,6 +64,10 @@ const std::vector<Variable> kVariables = {
      W::PerProcess},
     {"KILN_DISABLE_PLAN_CACHE", "1/true/on/yes or 0/false/off/no",
      "re-plan every evaluation instead of replaying a cached plan", W::PerProcess},
+    {"KILN_DISABLE_REPLAY", "1/true/on/yes or 0/false/off/no",
+     "lower every kernel again at each evaluation instead of reusing a cached plan's lowered "
+     "kernels",
+     W::PerProcess},
     {"KILN_DISABLE_ARENA", "1/true/on/yes or 0/false/off/no",
      "give each value its own pool block instead of a planned arena", W::PerUse},
     {"KILN_NVRTC_CHECK", "a comma-separated list of CUDA architectures such as 80,90",

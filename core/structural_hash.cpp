@@ -53,7 +53,7 @@ uint64_t hash_shape_pattern(uint64_t h, const Shape& shape) {
 
 // Attributes are hashed for every op: unused ones keep their defaults, so hashing them costs
 // no sharing, and an op that starts using one can never be merged wrongly.
-uint64_t hash_attributes(uint64_t h, const Node& n) {
+uint64_t hash_attributes(uint64_t h, const Node& n, bool generator_state) {
   h = hash_combine(h, static_cast<uint64_t>(n.scalar.kind()));
   h = hash_combine(h, scalar_bits(n.scalar));
   h = hash_combine(h, n.index_map.size());
@@ -61,17 +61,19 @@ uint64_t hash_attributes(uint64_t h, const Node& n) {
   h = hash_combine(h, static_cast<uint64_t>(n.reduce));
   h = hash_combine(h, n.check_indices ? 1 : 0);
   h = hash_combine(h, static_cast<uint64_t>(static_cast<int64_t>(n.axis)));
-  h = hash_combine(h, n.seed);
-  h = hash_combine(h, n.offset);
+  if (generator_state) {
+    h = hash_combine(h, n.seed);
+    h = hash_combine(h, n.offset);
+  }
   return hash_combine(h, n.weak_scalar ? 1 : 0);
 }
 
-uint64_t hash_own(uint64_t h, const Node& n) {
+uint64_t hash_own(uint64_t h, const Node& n, bool generator_state) {
   h = hash_combine(h, static_cast<uint64_t>(n.op));
   h = hash_combine(h, static_cast<uint64_t>(n.dtype));
   h = hash_device(h, n.device);
   h = hash_shape_pattern(h, n.shape);
-  return hash_attributes(h, n);
+  return hash_attributes(h, n, generator_state);
 }
 
 uint64_t hash_inputs(uint64_t h, const uint64_t* input_keys, size_t num_inputs) {
@@ -95,7 +97,7 @@ uint64_t node_key(const Node& n, const uint64_t* input_keys, size_t num_inputs) 
     h = hash_device(h, n.device);
     return hash_shape_pattern(h, n.shape);
   }
-  return hash_inputs(hash_own(kStructSeed, n), input_keys, num_inputs);
+  return hash_inputs(hash_own(kStructSeed, n, /*generator_state=*/false), input_keys, num_inputs);
 }
 
 uint64_t node_value_key(const Node& n, const uint64_t* input_keys, size_t num_inputs) {
@@ -103,7 +105,7 @@ uint64_t node_value_key(const Node& n, const uint64_t* input_keys, size_t num_in
     uint64_t h = hash_combine(kValueSeed, kLeafTag);
     return hash_combine(h, static_cast<uint64_t>(reinterpret_cast<uintptr_t>(&n)));
   }
-  uint64_t h = hash_own(kValueSeed, n);
+  uint64_t h = hash_own(kValueSeed, n, /*generator_state=*/true);
   for (int64_t s : n.shape) h = hash_combine(h, static_cast<uint64_t>(s));
   return hash_inputs(h, input_keys, num_inputs);
 }
@@ -111,7 +113,8 @@ uint64_t node_value_key(const Node& n, const uint64_t* input_keys, size_t num_in
 bool same_value(const Node& a, const Node& b) {
   if (&a == &b) return true;
   if (is_leaf(a) || is_leaf(b)) return false;
-  if (a.op != b.op || a.dtype != b.dtype || !(a.device == b.device) || a.shape != b.shape) return false;
+  if (a.op != b.op || a.dtype != b.dtype || !(a.device == b.device) || a.shape != b.shape)
+    return false;
   if (!(a.scalar == b.scalar) || a.index_map.size() != b.index_map.size() || a.reduce != b.reduce ||
       a.check_indices != b.check_indices || a.axis != b.axis || a.seed != b.seed ||
       a.offset != b.offset || a.weak_scalar != b.weak_scalar) {

@@ -5,11 +5,14 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <mutex>
 #include <unordered_map>
 #include <unordered_set>
 
+#include "../core/log.h"
+#include "../core/settings.h"
 #include "../core/structural_hash.h"
 #include "../core/tensor.h"
 #include "../core/thread_pool.h"
@@ -28,6 +31,8 @@ namespace kiln::jit {
 namespace {
 
 using KernelFn = void (*)(char**, const int64_t*, int64_t, int64_t, int64_t);
+
+bool debug_log() { return settings::choice("KILN_LOG", {"debug"}).has_value(); }
 
 std::mutex g_stats_mutex;
 EvalStats g_last_stats;
@@ -230,16 +235,37 @@ KernelHandle kernel_for(const KernelIR& ir) {
   return h;
 }
 
-void run_group(const FusionGroup& group) {
+// A group's lowered kernel kept from an earlier evaluation of the same plan (the replay
+// cache, below): its IR, parameters and compiled kernel, with its inputs as positions in
+// the schedule so that a later evaluation rebinds them to its own nodes.
+struct Launch {
+  bool ready = false;
+  LoweredKernel lk;
+  std::vector<int> input_refs;  // lk.input_nodes as schedule positions (or -1 - leaf index)
+  KernelHandle kernel;          // CPU kernels only
+};
+
+struct Positions;
+
+// Rebinds `launch` to this evaluation's nodes (`positions` in `schedule`), or lowers the
+// group (and compiles its kernel) when the launch is not ready; `launch` may be null (no
+// replay cache), and then `scratch` holds the lowered kernel.
+const LoweredKernel& launch_for(const FusionGroup& group, Launch* launch, LoweredKernel& scratch,
+                                KernelHandle& kernel, const Positions* positions,
+                                const std::vector<Node*>* schedule);
+
+void run_group(const FusionGroup& group, Launch* launch, const Positions* positions,
+               const std::vector<Node*>* schedule) {
   Node& target = *group.root;
   if (target.op == OpCode::Transfer) {
     target.buffer = kiln::detail::copy_buffer(*group.inputs.at(0)->buffer, target.device);
     return;
   }
   if (group.library) return group.conv.root ? run_conv(group.conv) : run_gemm(group.gemm);
-  LoweredKernel lk = lower(group);
+  LoweredKernel scratch;
+  KernelHandle h;
+  const LoweredKernel& lk = launch_for(group, launch, scratch, h, positions, schedule);
   if (target.device.is_cuda()) return run_cuda_kernel(lk, target);
-  KernelHandle h = kernel_for(lk.ir);
   auto fn = reinterpret_cast<KernelFn>(h.fn);
   Node& root = *group.root;
   // The memory plan may have handed the root a dying input's buffer (in-place reuse).
@@ -301,16 +327,13 @@ void run_group(const FusionGroup& group) {
   }
 }
 
-struct Plan {
-  SimplifyResult simplified;
-  FusionPlan fusion;
-  std::unordered_set<Node*> outputs;
-};
-
-// The plan cache: the structural signature of a simplified schedule (node keys without
-// sizes, which leaves repeat, which nodes are outputs) maps to its fusion plan in
-// positional form, so a training loop fuses once. Fusion choices never affect results,
-// so reusing one made for other sizes is always correct.
+// The plan cache (replayed evaluations, issue 26): the structural signature of a simplified
+// schedule (node keys without sizes, which leaves repeat, which nodes are outputs) maps to
+// its fusion plan in positional form and to the lowered kernel of each group, so a training
+// loop fuses, lowers and looks up its kernels once. A hit is confirmed node by node against
+// an exact record of the schedule it was made for (a 64-bit signature alone could collide);
+// nodes whose sizes changed mark the groups that read or compute them for lowering again.
+// Fusion choices never affect results, so reusing a plan made for other sizes is correct.
 struct CachedGroup {
   int root = 0;
   std::vector<int> members;
@@ -326,9 +349,50 @@ struct CachedGroup {
   int conv_bias = 0;         // its bias (position or -1 - leaf index), with conv_has_bias
   bool conv_has_bias = false;
 };
+
+// What a schedule position held when its plan was made: everything the signature hashes
+// (so that a colliding signature is caught) plus the sizes (which decide the lowering).
+struct NodeRecord {
+  OpCode op;
+  DType dtype;
+  Device device;
+  Shape shape;
+  Scalar scalar;
+  std::vector<IndexExpr> index_map;
+  ReduceOp reduce;
+  bool check_indices, weak_scalar, output, stored;
+  int axis;
+  uint64_t seed, offset;
+  const char* origin;  // named in kernels' error sites and metadata
+  const char* composite;
+  std::vector<int> inputs;  // schedule positions, or -1 - leaf index
+};
+struct LeafRecord {
+  DType dtype;
+  Device device;
+  Shape shape;
+};
+
+struct CachedPlan {
+  std::vector<CachedGroup> groups;
+  std::vector<NodeRecord> nodes;  // by schedule position
+  std::vector<LeafRecord> leaves;
+  std::vector<Launch> launches;  // by group
+};
+
 std::mutex g_plan_mutex;
-std::unordered_map<uint64_t, std::vector<CachedGroup>> g_plans;
+std::unordered_map<uint64_t, std::shared_ptr<CachedPlan>> g_plans;
+size_t g_cached_groups = 0;  // over all plans: each holds its lowered kernels
 constexpr size_t kMaxCachedPlans = 4096;
+constexpr size_t kMaxCachedGroups = size_t{1} << 17;
+
+std::atomic<int> g_signature_bits{64};
+std::mutex g_replay_mutex;
+ReplayStats g_replay;
+void count_replay(const std::function<void(ReplayStats&)>& add) {
+  std::lock_guard lock(g_replay_mutex);
+  add(g_replay);
+}
 
 struct Positions {
   std::unordered_map<Node*, int> pos;
@@ -344,7 +408,7 @@ struct Positions {
 };
 
 uint64_t signature(const std::vector<Node*>& schedule, const std::unordered_set<Node*>& outputs,
-                   Positions& p) {
+                   Positions& p, std::vector<char>& stored) {
   std::unordered_map<Node*, uint64_t> key;
   uint64_t sig = schedule.size();
   std::vector<uint64_t> in_keys;
@@ -367,7 +431,8 @@ uint64_t signature(const std::vector<Node*>& schedule, const std::unordered_set<
     key[n] = k;
     // Fusion reads the store hint too, so two schedules differing in it (or in whether a
     // budget turns it off) fuse differently.
-    const uint64_t role = (outputs.count(n) ? 1 : 0) | (hints.stored(*n) ? 2 : 0);
+    stored.push_back(hints.stored(*n) ? 1 : 0);
+    const uint64_t role = (outputs.count(n) ? 1 : 0) | (stored.back() ? 2 : 0);
     sig = hash_combine(sig, hash_combine(k, role));
   }
   return sig;
@@ -379,6 +444,7 @@ FusionPlan instantiate(const std::vector<CachedGroup>& cached, const std::vector
   FusionPlan plan;
   for (const CachedGroup& c : cached) {
     FusionGroup g;
+    g.index = static_cast<int>(plan.groups.size());
     g.root = schedule[c.root];
     for (int m : c.members) g.members.push_back(schedule[m]);
     std::unordered_set<Node*> inside(g.members.begin(), g.members.end());
@@ -457,21 +523,161 @@ std::vector<CachedGroup> positional(const FusionPlan& plan, const Positions& p) 
   return out;
 }
 
-FusionPlan fuse_cached(const std::vector<Node*>& schedule,
-                       const std::unordered_set<Node*>& outputs) {
-  if (pass_disabled("PLAN_CACHE")) return fuse(schedule, outputs);
-  Positions p;
-  uint64_t sig = signature(schedule, outputs, p);
+NodeRecord record_of(const Node& n, const Positions& p, bool output, bool stored) {
+  NodeRecord r{n.op,     n.dtype,         n.device,      n.shape,     n.scalar, n.index_map,
+               n.reduce, n.check_indices, n.weak_scalar, output,      stored,   n.axis,
+               n.seed,   n.offset,        n.origin,      n.composite, {}};
+  for (const NodePtr& in : n.inputs) r.inputs.push_back(p.ref(in.get()));
+  return r;
+}
+
+// Whether `n` matches its record in everything but its sizes and random generator state
+// (the plan's structure: what the signature hashes).
+bool same_structure(const NodeRecord& r, const Node& n, const Positions& p, bool output,
+                    bool stored) {
+  if (r.op != n.op || r.dtype != n.dtype || !(r.device == n.device) ||
+      r.shape.size() != n.shape.size() || r.reduce != n.reduce ||
+      r.check_indices != n.check_indices || r.weak_scalar != n.weak_scalar || r.output != output ||
+      r.stored != stored || r.axis != n.axis || r.origin != n.origin ||
+      r.composite != n.composite || !(r.scalar == n.scalar) ||
+      r.index_map.size() != n.index_map.size() || r.inputs.size() != n.inputs.size())
+    return false;
+  for (size_t d = 0; d < r.shape.size(); ++d)
+    if ((r.shape[d] == 1) != (n.shape[d] == 1)) return false;  // broadcasting is structure
+  for (size_t k = 0; k < r.inputs.size(); ++k)
+    if (r.inputs[k] != p.ref(n.inputs[k].get())) return false;
+  for (size_t d = 0; d < r.index_map.size(); ++d)
+    if (!(r.index_map[d] == n.index_map[d])) return false;
+  return true;
+}
+
+std::shared_ptr<CachedPlan> new_cached_plan(const FusionPlan& plan,
+                                            const std::vector<Node*>& schedule,
+                                            const std::unordered_set<Node*>& outputs,
+                                            const Positions& p, const std::vector<char>& stored) {
+  auto c = std::make_shared<CachedPlan>();
+  c->groups = positional(plan, p);
+  c->launches.resize(c->groups.size());
+  c->nodes.reserve(schedule.size());
+  for (size_t i = 0; i < schedule.size(); ++i)
+    c->nodes.push_back(record_of(*schedule[i], p, outputs.count(schedule[i]) > 0, stored[i]));
+  for (Node* l : p.leaves) c->leaves.push_back({l->dtype, l->device, l->shape});
+  return c;
+}
+
+// Checks a cached plan against this schedule. Returns false on a signature collision (some
+// node differs in structure); otherwise marks the groups that touch a changed node (sizes,
+// or the generator state of a random op: both are kernel parameters) for lowering again,
+// updates the records, and returns true.
+bool confirm(CachedPlan& c, const std::vector<Node*>& schedule,
+             const std::unordered_set<Node*>& outputs, const Positions& p,
+             const std::vector<char>& stored) {
+  if (c.nodes.size() != schedule.size() || c.leaves.size() != p.leaves.size()) return false;
+  std::vector<char> changed_node(schedule.size(), 0), changed_leaf(p.leaves.size(), 0);
+  bool changed = false;
+  for (size_t i = 0; i < schedule.size(); ++i) {
+    const Node& n = *schedule[i];
+    NodeRecord& r = c.nodes[i];
+    if (!same_structure(r, n, p, outputs.count(schedule[i]) > 0, stored[i])) return false;
+    if (r.shape != n.shape || r.seed != n.seed || r.offset != n.offset)
+      changed_node[i] = 1, changed = true;
+  }
+  for (size_t i = 0; i < p.leaves.size(); ++i) {
+    const Node& l = *p.leaves[i];
+    LeafRecord& r = c.leaves[i];
+    if (r.dtype != l.dtype || !(r.device == l.device) || r.shape.size() != l.shape.size())
+      return false;
+    for (size_t d = 0; d < r.shape.size(); ++d)
+      if ((r.shape[d] == 1) != (l.shape[d] == 1)) return false;
+    if (r.shape != l.shape) changed_leaf[i] = 1, changed = true;
+  }
+  if (!changed) return true;
+  auto touched = [&](int ref) {
+    return ref >= 0 ? changed_node[static_cast<size_t>(ref)]
+                    : changed_leaf[static_cast<size_t>(-1 - ref)];
+  };
+  size_t relowered = 0;
+  for (size_t g = 0; g < c.groups.size(); ++g) {
+    Launch& launch = c.launches[g];
+    if (!launch.ready) continue;
+    bool dirty = false;
+    for (int m : c.groups[g].members) dirty = dirty || changed_node[static_cast<size_t>(m)];
+    for (int in : launch.input_refs) dirty = dirty || touched(in);
+    if (dirty) launch.ready = false, ++relowered;
+  }
+  for (size_t i = 0; i < schedule.size(); ++i) {
+    if (!changed_node[i]) continue;
+    c.nodes[i].shape = schedule[i]->shape;
+    c.nodes[i].seed = schedule[i]->seed;
+    c.nodes[i].offset = schedule[i]->offset;
+  }
+  for (size_t i = 0; i < p.leaves.size(); ++i)
+    if (changed_leaf[i]) c.leaves[i].shape = p.leaves[i]->shape;
+  count_replay([&](ReplayStats& s) {
+    ++s.hits_relowered;
+    s.groups_relowered += relowered;
+  });
+  if (debug_log())
+    log_line("kiln: debug: replay of a plan of " + std::to_string(c.groups.size()) +
+             " kernels with new sizes or random draws: " + std::to_string(relowered) +
+             " lowered again");
+  return true;
+}
+
+struct FusedPlan {
+  FusionPlan plan;
+  std::shared_ptr<CachedPlan> cached;  // null when the plan cache is off
+  Positions positions;
+};
+
+FusedPlan fuse_cached(const std::vector<Node*>& schedule,
+                      const std::unordered_set<Node*>& outputs) {
+  FusedPlan f;
+  if (pass_disabled("PLAN_CACHE")) {
+    f.plan = fuse(schedule, outputs);
+    for (size_t g = 0; g < f.plan.groups.size(); ++g) f.plan.groups[g].index = static_cast<int>(g);
+    return f;
+  }
+  std::vector<char> stored;
+  stored.reserve(schedule.size());
+  uint64_t sig = signature(schedule, outputs, f.positions, stored);
+  if (const int bits = g_signature_bits.load(std::memory_order_relaxed); bits < 64)
+    sig &= (uint64_t{1} << std::max(bits, 0)) - 1;
+  bool collision = false;
   {
     std::lock_guard lock(g_plan_mutex);
     auto it = g_plans.find(sig);
-    if (it != g_plans.end()) return instantiate(it->second, schedule, p);
+    if (it != g_plans.end()) {
+      if (confirm(*it->second, schedule, outputs, f.positions, stored)) {
+        f.cached = it->second;
+        f.plan = instantiate(f.cached->groups, schedule, f.positions);
+        count_replay([](ReplayStats& s) { ++s.hits; });
+        return f;
+      }
+      collision = true;
+    }
   }
-  FusionPlan plan = fuse(schedule, outputs);
+  f.plan = fuse(schedule, outputs);
+  for (size_t g = 0; g < f.plan.groups.size(); ++g) f.plan.groups[g].index = static_cast<int>(g);
+  f.cached = new_cached_plan(f.plan, schedule, outputs, f.positions, stored);
+  count_replay([&](ReplayStats& s) {
+    ++s.misses;
+    s.collisions += collision ? 1 : 0;
+  });
+  if (debug_log())
+    log_line("kiln: debug: plan of " + std::to_string(schedule.size()) + " nodes made (" +
+             (collision ? "its signature collided with another graph's" : "a new signature") +
+             "): " + std::to_string(f.plan.groups.size()) + " kernels");
   std::lock_guard lock(g_plan_mutex);
-  if (g_plans.size() >= kMaxCachedPlans) g_plans.clear();
-  g_plans[sig] = positional(plan, p);
-  return plan;
+  if (g_plans.size() >= kMaxCachedPlans || g_cached_groups >= kMaxCachedGroups) {
+    g_plans.clear();
+    g_cached_groups = 0;
+  }
+  auto [it, fresh] = g_plans.insert_or_assign(sig, f.cached);
+  (void)it;
+  (void)fresh;
+  g_cached_groups += f.cached->groups.size();
+  return f;
 }
 
 // A replaced leaf (a parameter before an update) may hand its buffer to the update once its
@@ -498,6 +704,12 @@ void keep_readers_of_replaced(const std::vector<Node*>& schedule,
   }
 }
 
+struct Plan {
+  SimplifyResult simplified;
+  FusedPlan fused;
+  std::unordered_set<Node*> outputs;
+};
+
 Plan make_plan(const std::vector<Node*>& schedule, const std::vector<Node*>& requested) {
   Plan p;
   std::vector<Node*> outs(requested.begin(), requested.end());
@@ -522,14 +734,47 @@ Plan make_plan(const std::vector<Node*>& schedule, const std::vector<Node*>& req
     auto it = p.simplified.alias.find(o);
     p.outputs.insert(it == p.simplified.alias.end() ? o : it->second);
   }
-  p.fusion = fuse_cached(p.simplified.schedule, p.outputs);
+  p.fused = fuse_cached(p.simplified.schedule, p.outputs);
   return p;
+}
+
+const LoweredKernel& launch_for(const FusionGroup& group, Launch* launch, LoweredKernel& scratch,
+                                KernelHandle& kernel, const Positions* positions,
+                                const std::vector<Node*>* schedule) {
+  const bool cpu = !group.root->device.is_cuda();
+  if (launch && launch->ready) {
+    // A replayed launch: this evaluation's nodes at the positions the kernel reads.
+    std::vector<Node*>& in = launch->lk.input_nodes;
+    for (size_t k = 0; k < in.size(); ++k)
+      in[k] = positions->node(*schedule, launch->input_refs[k]);
+    kernel = launch->kernel;
+    count_replay([](ReplayStats& s) { ++s.launches_replayed; });
+    return launch->lk;
+  }
+  LoweredKernel& lk = launch ? launch->lk : scratch;
+  lk = lower(group);
+  if (cpu) kernel = kernel_for(lk.ir);
+  if (launch) {
+    launch->input_refs.clear();
+    for (Node* n : lk.input_nodes) launch->input_refs.push_back(positions->ref(n));
+    launch->kernel = kernel;
+    launch->ready = true;
+  }
+  return lk;
 }
 
 void run_plan(const std::vector<Node*>& schedule, const std::vector<Node*>& requested) {
   Plan plan = make_plan(schedule, requested);
-  const auto& groups = plan.fusion.groups;
-  run_with_memory_plan(plan.fusion, plan.outputs, schedule, plan.simplified.schedule, run_group);
+  const auto& groups = plan.fused.plan.groups;
+  // KILN_DISABLE_REPLAY=1 lowers and looks up every kernel again, for bisecting.
+  CachedPlan* cached = pass_disabled("REPLAY") ? nullptr : plan.fused.cached.get();
+  const Positions* positions = &plan.fused.positions;
+  const std::vector<Node*>* simplified = &plan.simplified.schedule;
+  run_with_memory_plan(
+      plan.fused.plan, plan.outputs, schedule, plan.simplified.schedule, [&](const FusionGroup& g) {
+        Launch* launch = cached ? &cached->launches.at(static_cast<size_t>(g.index)) : nullptr;
+        run_group(g, launch, positions, simplified);
+      });
   for (auto& [out, rep] : plan.simplified.alias) {
     if (out != rep && rep->buffer) out->buffer = rep->buffer;
   }
@@ -565,6 +810,15 @@ void jit_execute(const std::vector<Node*>& schedule, const std::vector<Node*>& r
   run_plan(schedule, requested);
 }
 
+void set_plan_signature_bits_for_testing(int bits) {
+  g_signature_bits.store(std::clamp(bits, 0, 64), std::memory_order_relaxed);
+}
+
+ReplayStats replay_stats() {
+  std::lock_guard lock(g_replay_mutex);
+  return g_replay;
+}
+
 EvalStats last_eval_stats() {
   std::lock_guard lock(g_stats_mutex);
   return g_last_stats;
@@ -573,6 +827,7 @@ EvalStats last_eval_stats() {
 std::string plan_to_dot(const std::vector<Node*>& outputs) {
   std::vector<Node*> schedule = pending_subgraph(outputs);
   Plan plan = make_plan(schedule, outputs);
+  const FusionPlan& fusion = plan.fused.plan;
   std::string dot =
       "digraph kiln_plan {\n  compound=true;\n  node [shape=box, fontname=\"monospace\"];\n";
   std::unordered_map<Node*, std::string> id;
@@ -582,7 +837,7 @@ std::string plan_to_dot(const std::vector<Node*>& outputs) {
     if (n->origin && op_name(n->op) != n->origin) l += "\\n(" + std::string(n->origin) + ")";
     return l + "\\n" + shape_str(n->shape) + " " + std::string(dtype_name(n->dtype));
   };
-  for (const FusionGroup& g : plan.fusion.groups) {
+  for (const FusionGroup& g : fusion.groups) {
     dot += "  subgraph cluster_" + std::to_string(cluster) + " {\n    label=\"kernel " +
            std::to_string(cluster) + "\";\n";
     for (Node* m : g.members) {
@@ -600,7 +855,7 @@ std::string plan_to_dot(const std::vector<Node*>& outputs) {
     ++cluster;
   }
   cluster = 0;
-  for (const FusionGroup& g : plan.fusion.groups) {
+  for (const FusionGroup& g : fusion.groups) {
     for (Node* in : g.inputs) {
       if (!id.count(in)) {
         id[in] = "leaf" + std::to_string(in->id);

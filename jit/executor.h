@@ -20,6 +20,22 @@ struct EvalStats {
 /// The statistics of the last jit_execute call.
 EvalStats last_eval_stats();
 
+/// How evaluations found their plans since the process started (the replay cache: a
+/// schedule seen before reuses its fusion plan, lowered kernels and kernel handles).
+struct ReplayStats {
+  uint64_t hits = 0;               ///< evaluations that reused a cached plan
+  uint64_t misses = 0;             ///< evaluations that fused afresh (new signature)
+  uint64_t collisions = 0;         ///< of the misses: a cached signature, another graph
+  uint64_t hits_relowered = 0;     ///< of the hits: sizes or random draws changed
+  uint64_t groups_relowered = 0;   ///< groups lowered again for those changes
+  uint64_t launches_replayed = 0;  ///< kernel launches that skipped lowering and lookup
+};
+/// The replay cache's counts (process-wide).
+ReplayStats replay_stats();
+/// For tests: keeps only the low `bits` bits of plan signatures (64: all), so that
+/// unrelated graphs collide and the exact check that confirms each hit is exercised.
+void set_plan_signature_bits_for_testing(int bits);
+
 /// The fused plan of `outputs` as Graphviz DOT, each kernel a cluster of its source ops
 /// (nothing is evaluated).
 std::string plan_to_dot(const std::vector<Node*>& outputs);

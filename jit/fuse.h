@@ -13,6 +13,8 @@ namespace kiln::jit {
 
 /// One kernel: computes and stores `root`, with `members` computed inline.
 struct FusionGroup {
+  /// The group's position in its FusionPlan (the executor's replay cache keys launches by it).
+  int index = -1;
   Node* root = nullptr;
   /// Nodes computed inside the kernel (root included), inputs first.
   std::vector<Node*> members;

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <bit>
 #include <cmath>
+#include <cstring>
 #include <functional>
 #include <map>
 #include <numeric>
@@ -742,7 +743,18 @@ uint64_t KernelIR::structure_hash() const {
     mix(static_cast<uint64_t>(v.buffer + 1));
     mix(v.index.hash());
     mix(static_cast<uint64_t>(v.guard + 1));
-    mix(std::hash<std::string>{}(v.value.str()) ^ static_cast<uint64_t>(v.value.kind()));
+    // A literal's bits, not its printed form (printing a double per value cost a tenth of
+    // a training step's lowering); a value passed as a parameter is not structure at all.
+    if (v.param >= 0) {
+      mix(0);
+    } else if (v.value.kind() == Scalar::Kind::Float) {
+      const double d = v.value.to_double();
+      uint64_t bits;
+      std::memcpy(&bits, &d, sizeof bits);
+      mix(bits ^ static_cast<uint64_t>(v.value.kind()));
+    } else {
+      mix(static_cast<uint64_t>(v.value.to_int64()) ^ static_cast<uint64_t>(v.value.kind()) << 62);
+    }
     mix(static_cast<uint64_t>(v.param + 1));
     mix(static_cast<uint64_t>(v.normal) << 32 | static_cast<uint64_t>(v.seed_param + 1));
     mix(static_cast<uint64_t>(v.stage + 1));

@@ -42,6 +42,7 @@
 #include "core/cuda_driver.h"
 #include "frontend/kiln.h"
 #include "jit/compiler.h"
+#include "jit/executor.h"
 #include "random_graph.h"
 
 using kiln::DType;
@@ -468,6 +469,24 @@ void run_jit_differential(const std::string& compiler) {
 
 TEST_CASE("differential: jit (llvm) vs reference on 1,000 graphs", "[differential][jit][llvm]") {
   run_jit_differential("llvm");
+}
+
+// Three-bit plan signatures: nearly every graph finds some other graph's cached plan, and
+// the exact check behind each hit (jit/executor.cpp, "replay") must turn all of them away.
+// The corpus runs twice, so a graph may also find its own plan (a true hit) and replay it.
+TEST_CASE("differential: jit with colliding plan signatures vs reference on 200 graphs",
+          "[differential][jit][replay]") {
+  kiln::jit::set_plan_signature_bits_for_testing(3);
+  const kiln::jit::ReplayStats before = kiln::jit::replay_stats();
+  RunStats first = run_differential("jit", 7000, 200, /*exact=*/false);
+  RunStats again = run_differential("jit", 7000, 200, /*exact=*/false);
+  kiln::jit::set_plan_signature_bits_for_testing(64);
+  const kiln::jit::ReplayStats after = kiln::jit::replay_stats();
+  CHECK(first.failures == 0);
+  CHECK(again.failures == 0);
+  INFO("collisions " << after.collisions - before.collisions << ", hits "
+                     << after.hits - before.hits);
+  CHECK(after.collisions - before.collisions >= 100);
 }
 
 TEST_CASE("differential: jit (external compiler) vs reference on 1,000 graphs",
