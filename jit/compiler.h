@@ -42,6 +42,10 @@ class CpuCompiler {
   /// Loads an image produced by compile() (possibly in another process, read back from
   /// disk). Throws CompileError when the image cannot be loaded.
   virtual std::unique_ptr<LoadedModule> load(const std::vector<uint8_t>& image) = 0;
+  /// The compiler of this one's quick builds (first tier: lower optimisation, bit-identical
+  /// results for kernels whose float operations do not depend on vectorization; its own
+  /// identity, so its objects never share a key with full builds), or nullptr if none.
+  virtual CpuCompiler* quick_compiler() { return nullptr; }
 };
 
 /// The compiler named by KILN_CPU_COMPILER ("llvm" | "external"), default llvm when built

@@ -41,7 +41,9 @@
 
 #include <algorithm>
 #include <atomic>
+#include <condition_variable>
 #include <mutex>
+#include <thread>
 
 #include "core/error.h"
 #include "jit/compiler.h"
@@ -53,6 +55,42 @@ const std::vector<std::string> kFlags = {
     "-std=c++17",        "-O3",     "-vectorize-loops",   "-vectorize-slp",
     "-ffp-contract=off", "-fwrapv", "-mrelocation-model", "pic",
     "-pic-level",        "2"};
+// The quick tier (KILN_JIT_TIERS): no optimisation passes at all. The printed kernels'
+// floating point is IEEE without contraction at every level, so a kernel without a
+// vectorized float reduction computes the same bits as its -O3 build (the executor sends
+// only those to the quick tier).
+const std::vector<std::string> kQuickFlags = {
+    "-std=c++17",         "-O0", "-ffp-contract=off", "-fwrapv",
+    "-mrelocation-model", "pic", "-pic-level",        "2"};
+
+// Caps concurrent compiles at the host thread count: each compile holds a CompilerInstance
+// and its module (a few MB), so more compiles than cores would only raise peak memory.
+class CompileSlots {
+ public:
+  explicit CompileSlots(unsigned slots) : free_(std::max(1u, slots)) {}
+  void acquire() {
+    std::unique_lock<std::mutex> lock(mutex_);
+    ready_.wait(lock, [&] { return free_ > 0; });
+    --free_;
+  }
+  void release() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      ++free_;
+    }
+    ready_.notify_one();
+  }
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable ready_;
+  unsigned free_;
+};
+
+CompileSlots& compile_slots() {
+  static CompileSlots slots(std::thread::hardware_concurrency());
+  return slots;
+}
 
 void initialize_llvm() {
   static std::once_flag once;
@@ -173,23 +211,30 @@ class OrcModule final : public LoadedModule {
 
 class LlvmCompiler final : public CpuCompiler {
  public:
-  LlvmCompiler() {
+  /// The full build with `quick` as its quick tier (nullptr for a quick compiler itself).
+  LlvmCompiler(const std::vector<std::string>& flags, std::unique_ptr<LlvmCompiler> quick)
+      : flags_(flags), quick_(std::move(quick)) {
     initialize_llvm();
     // "host-features": images made before the host's features reached the code generator
     // (only the CPU's name did) must not be reused from a cache.
     identity_ = std::string("clang ") + CLANG_VERSION_STRING + " " + host_target().triple + " " +
-                join(kFlags, " ") + " host-features";
+                join(flags_, " ") + " host-features";
   }
+
+  CpuCompiler* quick_compiler() override { return quick_.get(); }
 
   std::string name() const override { return "llvm"; }
   std::string identity() const override { return identity_; }
 
   std::vector<uint8_t> compile(const std::string& source,
                                const std::string& source_path_hint) override {
-    // Clang's global state (option tables, target registry) tolerates concurrent
-    // instances, but compiles are serialized anyway: a kernel compile is short, and one at
-    // a time keeps peak memory flat on small machines.
-    std::lock_guard<std::mutex> lock(mutex_);
+    // Each compile has its own CompilerInstance; Clang's global state (option tables,
+    // target registry) is read-only here, so compiles run concurrently, at most one per
+    // core (compile_slots) to bound peak memory.
+    compile_slots().acquire();
+    struct Release {
+      ~Release() { compile_slots().release(); }
+    } release;
     const HostTarget& target = host_target();
     // Diagnostics name the saved copy of the source, so the user can open what failed.
     const std::string file = source_path_hint.empty() ? "kiln_kernel.cpp" : source_path_hint;
@@ -209,7 +254,7 @@ class LlvmCompiler final : public CpuCompiler {
     std::vector<const char*> args = {
         "-triple",       target.triple.c_str(),  "-emit-obj", "-nostdsysteminc",
         "-nobuiltininc", "-discard-value-names", "-fno-rtti"};
-    for (const auto& flag : kFlags) args.push_back(flag.c_str());
+    for (const auto& flag : flags_) args.push_back(flag.c_str());
     args.insert(args.end(), {"-x", "c++", file.c_str()});
     bool ok =
         clang::CompilerInvocation::CreateFromArgs(ci.getInvocation(), args, ci.getDiagnostics());
@@ -252,7 +297,8 @@ class LlvmCompiler final : public CpuCompiler {
   }
 
  private:
-  std::mutex mutex_;
+  std::vector<std::string> flags_;
+  std::unique_ptr<LlvmCompiler> quick_;
   std::string identity_;
 };
 
@@ -260,7 +306,10 @@ class LlvmCompiler final : public CpuCompiler {
 
 namespace detail {
 
-std::unique_ptr<CpuCompiler> make_llvm_compiler() { return std::make_unique<LlvmCompiler>(); }
+std::unique_ptr<CpuCompiler> make_llvm_compiler() {
+  return std::make_unique<LlvmCompiler>(kFlags,
+                                        std::make_unique<LlvmCompiler>(kQuickFlags, nullptr));
+}
 
 std::string llvm_host_cpu_features() {
   const HostTarget& target = host_target();

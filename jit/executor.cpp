@@ -209,30 +209,120 @@ void run_scatter(const LoweredKernel& lk, KernelFn fn, std::vector<char*>& bufs,
   });
 }
 
-// Compiled kernels by IR structure, so that a launch of a known kernel skips printing and
-// hashing its source. Evaluations are serialized (core/node.cpp), so no lock is needed
-// beyond that; the mutex only guards against executors called directly from tests.
-std::mutex g_memo_mutex;
-std::unordered_map<uint64_t, KernelHandle> g_memo;
+// Whether `a` and `b` print the same kernel: every field structure_hash() covers, compared
+// exactly, so that a collision of the 64-bit hash cannot hand out another kernel.
+bool same_structure(const KernelIR& a, const KernelIR& b) {
+  if (a.kind != b.kind || a.dims != b.dims || a.kept != b.kept ||
+      a.parallel_var != b.parallel_var || a.injective != b.injective || a.inputs != b.inputs ||
+      a.out_dtype != b.out_dtype || a.result != b.result || a.reduce != b.reduce ||
+      !(a.store_index == b.store_index) || a.store_guard != b.store_guard ||
+      a.can_fail != b.can_fail || a.values.size() != b.values.size() ||
+      a.stages.size() != b.stages.size())
+    return false;
+  for (size_t i = 0; i < a.values.size(); ++i) {
+    const IrValue &x = a.values[i], &y = b.values[i];
+    if (x.kind != y.kind || x.dtype != y.dtype || x.op != y.op || x.args != y.args ||
+        x.buffer != y.buffer || !(x.index == y.index) || x.guard != y.guard ||
+        x.value.kind() != y.value.kind() || !(x.value == y.value) || x.param != y.param ||
+        x.normal != y.normal || x.seed_param != y.seed_param || x.stage != y.stage ||
+        x.bounds != y.bounds || x.bound_is_error != y.bound_is_error ||
+        x.bound_site != y.bound_site)
+      return false;
+  }
+  for (size_t i = 0; i < a.stages.size(); ++i) {
+    const RowStage &x = a.stages[i], &y = b.stages[i];
+    if (x.reduce != y.reduce || x.dtype != y.dtype || x.dims != y.dims ||
+        x.first_var != y.first_var || x.value != y.value)
+      return false;
+  }
+  return true;
+}
 
-KernelHandle kernel_for(const KernelIR& ir) {
-  uint64_t key = ir.structure_hash();
+// Whether `ir`'s results are the same bits at every optimisation level, so that it may run
+// from a quick build first (tiers): a float sum or product reduction is vectorized with
+// reordered combines at -O3 (printer_cpp.cpp, reduce_loop) and not at -O0; everything else
+// is IEEE arithmetic without contraction, and float max/min fold integer keys.
+bool exact_at_any_optimisation(const KernelIR& ir) {
+  auto reorders = [](ReduceOp op, DType acc) {
+    return is_floating(acc) && (op == ReduceOp::Sum || op == ReduceOp::Prod);
+  };
+  if (ir.kind == KernelIR::Kind::InnerReduce && reorders(ir.reduce, accumulator_dtype(ir)))
+    return false;
+  for (const RowStage& st : ir.stages)
+    if (reorders(st.reduce, st.dtype)) return false;
+  return true;
+}
+
+// Compiled kernels by IR structure, so that a launch of a known kernel skips printing and
+// hashing its source. The 64-bit hash finds a bucket; same_structure() decides a hit.
+// Evaluations are serialized (core/node.cpp), so no lock is needed beyond that; the mutex
+// only guards against executors called directly from tests.
+struct MemoEntry {
+  KernelIR ir;
+  KernelHandle handle;
+};
+std::mutex g_memo_mutex;
+std::unordered_map<uint64_t, std::vector<MemoEntry>> g_memo;
+
+// The memo's handle of `ir` (counted as a memory hit), or nullptr.
+const KernelHandle* memo_find(const KernelIR& ir, uint64_t hash) {
+  auto it = g_memo.find(hash);
+  if (it == g_memo.end()) return nullptr;
+  for (const MemoEntry& m : it->second) {
+    if (!same_structure(m.ir, ir)) continue;
+    count_use(m.handle.record, m.handle.record_mutex, 1, 0, 0);
+    kernel_cache().note_memory_hits(1);
+    return &m.handle;
+  }
+  return nullptr;
+}
+
+// The kernels of `irs`, in order: memo hits first, then the missing ones printed and
+// requested from the cache in one batch, compiled in parallel (KernelCache::get_many).
+std::vector<KernelHandle> kernels_for(const std::vector<const KernelIR*>& irs) {
+  std::vector<KernelHandle> out(irs.size());
+  std::vector<size_t> missing;
+  std::vector<uint64_t> hashes(irs.size());
   {
     std::lock_guard lock(g_memo_mutex);
-    auto it = g_memo.find(key);
-    if (it != g_memo.end()) {
-      count_use(it->second.record, it->second.record_mutex, 1, 0, 0);
-      return it->second;
+    for (size_t i = 0; i < irs.size(); ++i) {
+      hashes[i] = irs[i]->structure_hash();
+      if (const KernelHandle* h = memo_find(*irs[i], hashes[i]))
+        out[i] = *h;
+      else
+        missing.push_back(i);
     }
   }
-  // KILN_NVRTC_CHECK: every new CPU kernel must also compile for CUDA (tests use it to
-  // prove the CUDA printer on machines without a GPU).
-  nvrtc_check_kernel(ir);
-  PrintedKernel pk = print_cpp(ir);
-  KernelHandle h = kernel_cache().get(pk.source, pk.entry, ir.source_ops, cpu_compiler());
+  if (missing.empty()) return out;
+  std::vector<KernelRequest> requests;
+  requests.reserve(missing.size());
+  for (size_t i : missing) {
+    // KILN_NVRTC_CHECK: every new CPU kernel must also compile for CUDA (tests use it to
+    // prove the CUDA printer on machines without a GPU).
+    nvrtc_check_kernel(*irs[i]);
+    PrintedKernel pk = print_cpp(*irs[i]);
+    requests.push_back({std::move(pk.source), std::move(pk.entry), irs[i]->source_ops,
+                        exact_at_any_optimisation(*irs[i])});
+  }
+  std::vector<KernelHandle> got = kernel_cache().get_many(requests, cpu_compiler());
   std::lock_guard lock(g_memo_mutex);
-  g_memo[key] = h;
-  return h;
+  for (size_t k = 0; k < missing.size(); ++k) {
+    const size_t i = missing[k];
+    out[i] = got[k];
+    std::vector<MemoEntry>& bucket = g_memo[hashes[i]];
+    bool known = false;
+    for (const MemoEntry& m : bucket) known = known || same_structure(m.ir, *irs[i]);
+    if (!known) bucket.push_back({*irs[i], got[k]});
+  }
+  return out;
+}
+
+KernelHandle kernel_for(const KernelIR& ir) {
+  {
+    std::lock_guard lock(g_memo_mutex);
+    if (const KernelHandle* h = memo_find(ir, ir.structure_hash())) return *h;
+  }
+  return kernels_for({&ir})[0];
 }
 
 // A group's lowered kernel kept from an earlier evaluation of the same plan (the replay
@@ -243,6 +333,7 @@ struct Launch {
   LoweredKernel lk;
   std::vector<int> input_refs;  // lk.input_nodes as schedule positions (or -1 - leaf index)
   KernelHandle kernel;          // CPU kernels only
+  bool fresh = false;           // prepared for this evaluation: its first run is no replay
 };
 
 struct Positions;
@@ -266,7 +357,7 @@ void run_group(const FusionGroup& group, Launch* launch, const Positions* positi
   KernelHandle h;
   const LoweredKernel& lk = launch_for(group, launch, scratch, h, positions, schedule);
   if (target.device.is_cuda()) return run_cuda_kernel(lk, target);
-  auto fn = reinterpret_cast<KernelFn>(h.fn);
+  auto fn = reinterpret_cast<KernelFn>(h.entry());
   Node& root = *group.root;
   // The memory plan may have handed the root a dying input's buffer (in-place reuse).
   if (!root.buffer) root.buffer = std::make_shared<Buffer>(root.nbytes(), root.device);
@@ -748,7 +839,8 @@ const LoweredKernel& launch_for(const FusionGroup& group, Launch* launch, Lowere
     for (size_t k = 0; k < in.size(); ++k)
       in[k] = positions->node(*schedule, launch->input_refs[k]);
     kernel = launch->kernel;
-    count_replay([](ReplayStats& s) { ++s.launches_replayed; });
+    if (!launch->fresh) count_replay([](ReplayStats& s) { ++s.launches_replayed; });
+    launch->fresh = false;
     return launch->lk;
   }
   LoweredKernel& lk = launch ? launch->lk : scratch;
@@ -763,11 +855,48 @@ const LoweredKernel& launch_for(const FusionGroup& group, Launch* launch, Lowere
   return lk;
 }
 
+// Lowers every CPU kernel group whose launch is not ready and asks for their kernels in one
+// batch (kernels_for compiles the missing ones in parallel), so a step's first evaluation
+// does not wait for its new kernels one at a time. A group that fails here is left to
+// run_group, which lowers and compiles it again when it runs and raises the error there,
+// after the groups before it, as an unprepared evaluation would.
+void prepare_launches(const FusionPlan& plan, CachedPlan& c, const Positions& p) {
+  std::vector<size_t> todo;
+  for (const FusionGroup& g : plan.groups) {
+    if (g.library || g.root->op == OpCode::Transfer || g.root->device.is_cuda()) continue;
+    Launch& launch = c.launches.at(static_cast<size_t>(g.index));
+    if (launch.ready) continue;
+    try {
+      launch.lk = lower(g);
+    } catch (...) {
+      continue;
+    }
+    launch.input_refs.clear();
+    for (Node* n : launch.lk.input_nodes) launch.input_refs.push_back(p.ref(n));
+    todo.push_back(static_cast<size_t>(g.index));
+  }
+  if (todo.empty()) return;
+  std::vector<const KernelIR*> irs;
+  for (size_t i : todo) irs.push_back(&c.launches[i].lk.ir);
+  std::vector<KernelHandle> handles;
+  try {
+    handles = kernels_for(irs);
+  } catch (...) {
+    return;
+  }
+  for (size_t k = 0; k < todo.size(); ++k) {
+    c.launches[todo[k]].kernel = handles[k];
+    c.launches[todo[k]].ready = true;
+    c.launches[todo[k]].fresh = true;
+  }
+}
+
 void run_plan(const std::vector<Node*>& schedule, const std::vector<Node*>& requested) {
   Plan plan = make_plan(schedule, requested);
   const auto& groups = plan.fused.plan.groups;
   // KILN_DISABLE_REPLAY=1 lowers and looks up every kernel again, for bisecting.
   CachedPlan* cached = pass_disabled("REPLAY") ? nullptr : plan.fused.cached.get();
+  if (cached) prepare_launches(plan.fused.plan, *cached, plan.fused.positions);
   const Positions* positions = &plan.fused.positions;
   const std::vector<Node*>* simplified = &plan.simplified.schedule;
   run_with_memory_plan(

@@ -46,6 +46,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "core/settings.h"
+#include "core/thread_pool.h"
 #include "jit/cache_files.h"
 #include "jit/compiler.h"
 #include "jit/hash.h"
@@ -345,6 +346,30 @@ std::string load_check(const ParsedEntry& p, const std::vector<CpuCompiler*>& lo
   return "";
 }
 
+// Compiles done by fill() on this thread: tells fill_quick() whether its quick build was
+// compiled or found.
+thread_local uint64_t tls_compiles = 0;
+
+// Tiers (KILN_JIT_TIERS) unless the variable says otherwise.
+constexpr bool kTiersByDefault = true;
+
+// Caches that may hold quick builds, for count_use(), which knows a record but not its
+// cache. Caches register when made and leave when destroyed, so count_use never reaches a
+// dead one; tier_watch() turns true at the first quick build, so that processes without
+// tiers never take the lock.
+std::mutex& tier_caches_mutex() {
+  static std::mutex m;
+  return m;
+}
+std::set<KernelCache*>& tier_caches() {
+  static std::set<KernelCache*> caches;
+  return caches;
+}
+std::atomic<bool>& tier_watch() {
+  static std::atomic<bool> watch{false};
+  return watch;
+}
+
 }  // namespace
 
 // One key's state. Entries are never erased, so KernelHandle::record stays valid for the
@@ -365,9 +390,22 @@ struct KernelCache::Entry {
   double synced_run_ms = 0;
   bool dirty = false;
   std::atomic<int64_t> last_used_ns{0};  // read by eviction without the entry lock
+  // The entry point of record.name now (KernelHandle::entry()); a background full build
+  // replaces it, so launches read it each time.
+  std::atomic<void*> slot{nullptr};
+  // Tiers: a quick build (not on disk) remembers what its full build needs. Modules it
+  // replaced stay loaded until the cache dies: a launch may still be running one.
+  bool quick = false;
+  std::string source;
+  std::string quick_key;  // the quick build's own entry, removed from disk after the swap
+  CpuCompiler* full_compiler = nullptr;
 };
 
 KernelCache::KernelCache(std::string directories, size_t max_bytes) : max_bytes_(max_bytes) {
+  {
+    std::lock_guard<std::mutex> lock(tier_caches_mutex());
+    tier_caches().insert(this);
+  }
   std::vector<std::string> dirs = split_directories(directories);
   std::string last = without_trailing_slashes(dirs.back());
   dirs.pop_back();
@@ -402,7 +440,14 @@ KernelCache::KernelCache(std::string directories, size_t max_bytes) : max_bytes_
            "); caching kernels in memory only");
 }
 
-KernelCache::~KernelCache() { flush(); }
+KernelCache::~KernelCache() {
+  {
+    std::lock_guard<std::mutex> lock(tier_caches_mutex());
+    tier_caches().erase(this);
+  }
+  stop_rebuilds();
+  flush();
+}
 
 std::vector<std::string> KernelCache::search_order() const {
   std::vector<std::string> dirs;
@@ -476,15 +521,246 @@ KernelHandle KernelCache::get(const std::string& source, const std::string& entr
       }};
   std::unique_lock<std::mutex> lock;
   Entry& e = ready_entry(source, entry_name, source_ops, builder, lock);
+  return handle_of(e, entry_name);
+}
+
+// Under e's lock. The handle of the record's own entry point follows the slot (tiers);
+// another symbol of the module is fixed (a replaced module stays loaded).
+KernelHandle KernelCache::handle_of(Entry& e, const std::string& entry_name) {
   auto it = e.symbols.find(entry_name);
   if (it == e.symbols.end()) {
+    if (!e.module)  // a quick build's entry has its record's entry point only
+      throw CompileError("[kernel cache] kernel " + e.record.key + " has no entry point '" +
+                         entry_name + "' in its quick build");
     void* fn = e.module->symbol(entry_name);
     if (!fn)
       throw CompileError("[kernel cache] kernel " + e.record.key + " has no entry point '" +
                          entry_name + "'");
     it = e.symbols.emplace(entry_name, fn).first;
   }
+  if (entry_name == e.record.name) {
+    e.slot.store(it->second, std::memory_order_release);
+    return {it->second, &e.record, &e.mutex, &e.slot};
+  }
   return {it->second, &e.record, &e.mutex};
+}
+
+KernelHandle KernelCache::get(const KernelRequest& request, CpuCompiler& compiler) {
+  CpuCompiler* quick = compiler.quick_compiler();
+  if (!request.quick_ok || !quick || !tiers())
+    return get(request.source, request.entry, request.source_ops, compiler);
+  Entry& e = entry_for(key_of(request.source, compiler.identity(), host_cpu_features()));
+  std::unique_lock<std::mutex> lock(e.mutex);
+  if (!e.ready) {
+    // A full build on disk is the best there is: only a kernel missing from every
+    // directory starts from a quick build.
+    std::string why;
+    if (search_order().empty() || !load_from_disk_full(e, compiler, request.entry, why)) {
+      if (!why.empty() && debug_log())
+        log_line("kiln: debug: quick build " + e.record.key + " (" + request.entry +
+                 "): disk entry corrupt: " + one_line(why));
+      fill_quick(e, request, compiler);
+    }
+    return handle_of(e, request.entry);
+  }
+  lock.unlock();
+  return get(request.source, request.entry, request.source_ops, compiler);
+}
+
+// Under e's lock (the full build's entry): runs `request` from its quick build, an entry of
+// its own under the quick compiler's key (from memory, from disk, or compiled and stored
+// like any kernel), and registers e for a background full build. e's record keeps the full
+// build's key; its compiler field names the quick build until the swap. The quick entry's
+// module stays loaded while the cache lives, so its entry point stays valid after the swap.
+void KernelCache::fill_quick(Entry& e, const KernelRequest& request, CpuCompiler& compiler) {
+  CpuCompiler& quick = *compiler.quick_compiler();
+  const uint64_t compiled_before = tls_compiles;
+  KernelHandle q = get(request.source, request.entry, request.source_ops, quick);
+  const bool compiled = tls_compiles != compiled_before;
+  e.symbols[request.entry] = q.fn;
+  KernelRecord& r = e.record;
+  {
+    std::lock_guard<std::mutex> qlock(*q.record_mutex);
+    const std::string key = r.key;
+    r = *q.record;
+    r.key = key;
+  }
+  r.hits = r.launches = 0;
+  r.run_ms_total = 0;
+  e.last_used_ns.store(now_ns(), std::memory_order_relaxed);
+  e.quick = true;
+  e.quick_key = q.record->key;
+  e.source = request.source;
+  e.full_compiler = &compiler;
+  e.ready = true;
+  if (compiled) {
+    std::lock_guard<std::mutex> lock(stats_mutex_);
+    counters_.quick_builds++;
+  }
+  std::lock_guard<std::mutex> lock(rebuild_mutex_);
+  if (!rebuild_stop_) quick_entries_[&e.record] = &e;
+  tier_watch().store(true, std::memory_order_relaxed);
+}
+
+std::vector<KernelHandle> KernelCache::get_many(const std::vector<KernelRequest>& requests,
+                                                CpuCompiler& compiler) {
+  std::vector<KernelHandle> out(requests.size());
+  // One request per chunk: a chunk compiles and loads its kernel while the others compile
+  // theirs; the compiler bounds how many compile at once. Equal keys wait for one compile.
+  thread_pool().parallel_for(
+      static_cast<int64_t>(requests.size()), 1, [&](int64_t begin, int64_t end) {
+        for (int64_t i = begin; i < end; ++i)
+          out[static_cast<size_t>(i)] = get(requests[static_cast<size_t>(i)], compiler);
+      });
+  return out;
+}
+
+bool KernelCache::tiers() const {
+  int t = tiers_.load();
+  if (t < 0) {
+    t = settings::flag("KILN_JIT_TIERS", kTiersByDefault) ? 1 : 0;
+    const_cast<std::atomic<int>&>(tiers_).store(t);
+  }
+  return t == 1;
+}
+
+// count_use() saw `record` reach kRebuildAfterLaunches launches: a quick build of this
+// cache is queued for its full build.
+void KernelCache::queue_rebuild(const KernelRecord* record) {
+  std::lock_guard<std::mutex> lock(rebuild_mutex_);
+  auto it = quick_entries_.find(record);
+  if (it == quick_entries_.end() || rebuild_stop_) return;
+  rebuild_queue_.push_back(it->second);
+  quick_entries_.erase(it);
+  if (!rebuild_thread_.joinable()) rebuild_thread_ = std::thread([this] { rebuild_loop(); });
+  rebuild_cv_.notify_all();
+}
+
+void KernelCache::rebuild_loop() {
+  std::unique_lock<std::mutex> lock(rebuild_mutex_);
+  while (true) {
+    rebuild_cv_.wait(lock, [&] { return rebuild_stop_ || !rebuild_queue_.empty(); });
+    if (rebuild_stop_) return;
+    Entry* e = rebuild_queue_.front();
+    rebuild_queue_.erase(rebuild_queue_.begin());
+    ++rebuilds_running_;
+    lock.unlock();
+    rebuild(*e);
+    lock.lock();
+    --rebuilds_running_;
+    rebuild_cv_.notify_all();
+  }
+}
+
+void KernelCache::wait_for_rebuilds() {
+  std::unique_lock<std::mutex> lock(rebuild_mutex_);
+  rebuild_cv_.wait(
+      lock, [&] { return rebuild_stop_ || (rebuild_queue_.empty() && rebuilds_running_ == 0); });
+}
+
+void KernelCache::stop_rebuilds() {
+  std::thread worker;
+  {
+    std::lock_guard<std::mutex> lock(rebuild_mutex_);
+    rebuild_stop_ = true;
+    rebuild_queue_.clear();
+    quick_entries_.clear();
+    worker = std::move(rebuild_thread_);
+  }
+  rebuild_cv_.notify_all();
+  if (worker.joinable()) worker.join();
+}
+
+// The full build of a quick kernel, on the rebuild thread: from disk when another process
+// stored it meanwhile (a damaged entry is discarded with one warning, as in get()), else
+// compiled here without the entry's lock (launches go on with the quick build), then
+// swapped in and stored. A failure keeps the quick build, which computes the same values.
+void KernelCache::rebuild(Entry& e) {
+  CpuCompiler& full = *e.full_compiler;
+  std::string entry_name, source;
+  {
+    std::lock_guard<std::mutex> lock(e.mutex);
+    entry_name = e.record.name;
+    source = e.source;
+    const uint64_t hits = e.record.hits, launches = e.record.launches;
+    const double run_ms = e.record.run_ms_total;
+    std::string why;
+    if (!search_order().empty() && load_from_disk_full(e, full, entry_name, why)) {
+      // The quick build's counts were never on disk: keep them on top of the entry's.
+      e.record.hits = e.synced_hits + hits;
+      e.record.launches = e.synced_launches + launches;
+      e.record.run_ms_total = e.synced_run_ms + run_ms;
+      e.quick = false;
+      e.source.clear();
+      drop_quick_entry(e);
+      std::lock_guard<std::mutex> stats_lock(stats_mutex_);
+      counters_.swaps++;
+      return;
+    }
+  }
+  if (debug_log())
+    log_line("kiln: debug: full build " + e.record.key + " (" + entry_name + "): quick build ran " +
+             std::to_string(kRebuildAfterLaunches) + " times");
+  try {
+    const auto start = Clock::now();
+    std::vector<uint8_t> object = full.compile(source, "kiln_" + e.record.key + ".cpp");
+    std::unique_ptr<LoadedModule> module = full.load(object);
+    void* fn = module ? module->symbol(entry_name) : nullptr;
+    if (!fn) throw CompileError("[kernel cache] object has no entry point '" + entry_name + "'");
+    const double compile_ms = ms_since(start);
+    std::lock_guard<std::mutex> lock(e.mutex);
+    e.module = std::move(module);
+    e.symbols.clear();
+    e.symbols[entry_name] = fn;
+    e.slot.store(fn, std::memory_order_release);
+    e.record.compiler = full.identity();
+    e.record.compile_ms = compile_ms;
+    e.record.object_bytes = object.size();
+    e.quick = false;
+    e.source.clear();
+    {
+      std::lock_guard<std::mutex> stats_lock(stats_mutex_);
+      counters_.full_rebuilds++;
+      counters_.swaps++;
+      counters_.compile_ms_total += compile_ms;
+    }
+    if (disk_enabled_) {
+      store(e, source, object);
+      drop_quick_entry(e);
+    }
+  } catch (const std::exception& ex) {
+    log_line("kiln: warning: background full build of kernel " + e.record.key + " (" + entry_name +
+             ") failed, keeping its quick build: " + one_line(ex.what()));
+  }
+}
+
+// Under e's lock, once its full build is on disk: the quick build's disk entry is only a
+// worse copy of it now (the quick entry stays loaded in memory).
+void KernelCache::drop_quick_entry(Entry& e) {
+  if (!disk_enabled_ || e.quick_key.empty()) return;
+  if (cache_files::remove_regular(directory_, e.quick_key + kEntrySuffix))
+    cache_files::remove_regular(directory_, e.quick_key + kMetaSuffix);
+  e.quick_key.clear();
+}
+
+// Under e's lock: a full build of e from disk, swapped in for whatever e runs now.
+bool KernelCache::load_from_disk_full(Entry& e, CpuCompiler& compiler,
+                                      const std::string& entry_name, std::string& why) {
+  Builder builder{
+      compiler.identity(), host_cpu_features(), ".cpp", nullptr,
+      [&](Entry& entry, std::vector<uint8_t> object, const std::string& entry_point) {
+        std::unique_ptr<LoadedModule> module = compiler.load(object);
+        if (!module) throw CompileError("[kernel cache] object does not load");
+        void* fn = module->symbol(entry_point);
+        if (!fn)
+          throw CompileError("[kernel cache] object has no entry point '" + entry_point + "'");
+        entry.module = std::move(module);
+        entry.symbols.clear();
+        entry.symbols[entry_point] = fn;
+        entry.slot.store(fn, std::memory_order_release);
+      }};
+  (void)entry_name;
+  return load_from_disk(e, builder, why);
 }
 
 ImageHandle KernelCache::get_image(
@@ -551,6 +827,7 @@ void KernelCache::fill(Entry& e, const std::string& source, const std::string& e
     counters_.kernels_compiled++;
     counters_.compile_ms_total += compile_ms;
   }
+  ++tls_compiles;
   if (disk_enabled_) store(e, source, object);
 }
 
@@ -594,9 +871,11 @@ bool KernelCache::load_from(const std::string& dir, Entry& e, const Builder& bui
   }
 
   if (!why.empty()) {
-    e.module.reset();
-    e.symbols.clear();
-    e.image.clear();
+    if (!e.ready) {  // a quick build being replaced keeps running
+      e.module.reset();
+      e.symbols.clear();
+      e.image.clear();
+    }
     warn_discard(path, why);
     // Only the written directory is kiln's to change, and there only the file that was
     // read: another process may have replaced it with a good entry meanwhile.
@@ -762,6 +1041,7 @@ CacheStats KernelCache::stats() const {
     std::lock_guard<std::mutex> lock(stats_mutex_);
     s = counters_;
   }
+  s.memory_hits += memo_hits_.load(std::memory_order_relaxed);
   s.directory = directory_;
   s.disk_enabled = disk_enabled_;
   s.read_only_directories = read_only_;
@@ -971,7 +1251,12 @@ KernelCache& kernel_cache() {
   // flushed at exit instead.
   static KernelCache* cache = [] {
     auto* c = new KernelCache(default_cache_directory(), default_cache_cap());
-    std::atexit([] { kernel_cache().flush(); });
+    // Background rebuilds end before the process does (they use LLVM, whose statics die
+    // after the atexit handlers registered after them).
+    std::atexit([] {
+      kernel_cache().stop_rebuilds();
+      kernel_cache().flush();
+    });
     return c;
   }();
   return *cache;
@@ -980,10 +1265,21 @@ KernelCache& kernel_cache() {
 void count_use(KernelRecord* record, std::mutex* record_mutex, uint64_t hits, uint64_t launches,
                double run_ms) {
   if (record == nullptr) return;
-  std::lock_guard<std::mutex> lock(*record_mutex);
-  record->hits += hits;
-  record->launches += launches;
-  record->run_ms_total += run_ms;
+  uint64_t before = 0;
+  {
+    std::lock_guard<std::mutex> lock(*record_mutex);
+    before = record->launches;
+    record->hits += hits;
+    record->launches += launches;
+    record->run_ms_total += run_ms;
+  }
+  // Once per record, when it reaches the rebuild count, and only while quick builds exist:
+  // the registry of caches is looked up then, not on every launch.
+  constexpr uint64_t n = KernelCache::kRebuildAfterLaunches;
+  if (before < n && before + launches >= n && tier_watch().load(std::memory_order_relaxed)) {
+    std::lock_guard<std::mutex> lock(tier_caches_mutex());
+    for (KernelCache* cache : tier_caches()) cache->queue_rebuild(record);
+  }
 }
 
 CacheStats cache_stats() { return kernel_cache().stats(); }

@@ -11,6 +11,7 @@
 // discarded with one warning and recompiled, never trusted. The disk level may also stack
 // read-only directories (a cache baked into an image) under the one it writes.
 #include <atomic>
+#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -18,6 +19,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -35,9 +37,13 @@ struct CacheStats {
   uint64_t evictions = 0;         ///< disk entries removed by the size cap
   double compile_ms_total = 0;    ///< time spent in the compiler
   double load_ms_total = 0;       ///< time spent reading and loading disk entries
-  size_t disk_bytes = 0;          ///< current size of the directory's entries
-  std::string directory;          ///< the cache directory ("" when memory-only)
-  bool disk_enabled = false;      ///< false when new entries are not written to disk
+  uint64_t quick_builds = 0;      ///< first-tier builds (KILN_JIT_TIERS), in kernels_compiled
+  uint64_t full_rebuilds = 0;     ///< background full builds of quick kernels (compiles not
+                                  ///< in kernels_compiled, their time in compile_ms_total)
+  uint64_t swaps = 0;         ///< quick kernels replaced by their full build (rebuilt or from disk)
+  size_t disk_bytes = 0;      ///< current size of the directory's entries
+  std::string directory;      ///< the cache directory ("" when memory-only)
+  bool disk_enabled = false;  ///< false when new entries are not written to disk
   std::vector<std::string> read_only_directories;  ///< read, never written
 };
 
@@ -76,9 +82,25 @@ struct KernelRecord {
 /// A compiled kernel's entry point plus its record. The record lives as long as the cache;
 /// its users add hits, launches and run time through count_use().
 struct KernelHandle {
-  void* fn = nullptr;
+  void* fn = nullptr;  ///< the entry point when the handle was made (see entry())
   KernelRecord* record = nullptr;
   std::mutex* record_mutex = nullptr;  ///< guards *record (the cache entry's lock)
+  /// The cache entry's current entry point, which a background full build replaces (tiers);
+  /// null for handles whose entry point never changes.
+  const std::atomic<void*>* slot = nullptr;
+  /// The entry point to call now: read it at each launch, so a kernel rebuilt at full
+  /// optimisation runs from then on. Every entry point stays valid while the cache lives.
+  void* entry() const { return slot ? slot->load(std::memory_order_acquire) : fn; }
+};
+
+/// One kernel wanted from KernelCache::get_many() (or get()).
+struct KernelRequest {
+  std::string source;                   ///< printed, self-contained kernel source
+  std::string entry;                    ///< the entry point's name
+  std::vector<std::string> source_ops;  ///< graph ops it came from (metadata)
+  /// The kernel may first run from a quick build (tiers): its results do not depend on
+  /// the optimisation level (no float reduction whose order the vectorizer picks).
+  bool quick_ok = false;
 };
 
 /// Adds to `record`'s hits, launches and run time under `record_mutex` (a handle's), so that
@@ -127,6 +149,32 @@ class KernelCache {
   /// Throws kiln::CompileError when the source does not compile or `entry` is missing.
   KernelHandle get(const std::string& source, const std::string& entry,
                    const std::vector<std::string>& source_ops, CpuCompiler& compiler);
+  /// get() of one request. With tiers on (set_tiers, KILN_JIT_TIERS) and `quick_ok`, a
+  /// kernel whose full build is neither in memory nor on disk runs from its quick build
+  /// (compiler.quick_compiler(), cached under its own key) and, once launched
+  /// kRebuildAfterLaunches times (count_use), is built again by `compiler` on a background
+  /// thread, swapped in (KernelHandle::entry()) and stored, replacing the quick build on
+  /// disk. `compiler` must outlive the cache (or its stop_rebuilds()).
+  KernelHandle get(const KernelRequest& request, CpuCompiler& compiler);
+  /// get() of every request, the missing kernels compiled in parallel on the thread pool
+  /// (at most one compile per core) and each loaded as soon as it is built. Same order as
+  /// `requests`; throws the first request's CompileError.
+  std::vector<KernelHandle> get_many(const std::vector<KernelRequest>& requests,
+                                     CpuCompiler& compiler);
+  /// Launches after which a quick build is rebuilt at full optimisation.
+  static constexpr uint64_t kRebuildAfterLaunches = 3;
+  /// Turns tiered compilation on or off for later requests (default: KILN_JIT_TIERS).
+  void set_tiers(bool on) { tiers_.store(on ? 1 : 0); }
+  /// Whether tiered compilation is on.
+  bool tiers() const;
+  /// Blocks until every background rebuild queued so far has finished (tests, benches).
+  void wait_for_rebuilds();
+  /// Drops queued background rebuilds and waits for the running one; later rebuilds are
+  /// not started. Done by the destructor, and at exit for the global cache.
+  void stop_rebuilds();
+  /// Counts `n` requests answered by a caller's memo of this cache's handles as memory hits.
+  void note_memory_hits(uint64_t n) { memo_hits_.fetch_add(n, std::memory_order_relaxed); }
+
   /// Returns the image of `source` built by `compiler`: memory hit, else verified disk hit,
   /// else compile + store. Thread-safe like get(); `entry` names the module in the record.
   /// `load_check`, when given, loads an image before the cache takes it (the CUDA driver):
@@ -176,6 +224,16 @@ class KernelCache {
  private:
   struct Entry;
   struct Builder;
+  friend void count_use(KernelRecord*, std::mutex*, uint64_t, uint64_t, double);
+
+  KernelHandle handle_of(Entry& e, const std::string& entry_name);
+  void fill_quick(Entry& e, const KernelRequest& request, CpuCompiler& compiler);
+  void queue_rebuild(const KernelRecord* record);
+  void rebuild(Entry& e);
+  void rebuild_loop();
+  void drop_quick_entry(Entry& e);
+  bool load_from_disk_full(Entry& e, CpuCompiler& compiler, const std::string& entry_name,
+                           std::string& why);
 
   Entry& entry_for(const std::string& key);
   Entry& ready_entry(const std::string& source, const std::string& entry_name,
@@ -203,6 +261,17 @@ class KernelCache {
 
   mutable std::mutex stats_mutex_;  // guards counters_
   CacheStats counters_;
+  std::atomic<uint64_t> memo_hits_{0};  // note_memory_hits(), added to memory_hits
+  std::atomic<int> tiers_{-1};          // -1: not decided yet (KILN_JIT_TIERS)
+
+  // Background rebuilds of quick builds: one thread, started by the first rebuild.
+  std::mutex rebuild_mutex_;  // guards the fields below
+  std::condition_variable rebuild_cv_;
+  std::map<const KernelRecord*, Entry*> quick_entries_;  // quick builds not yet queued
+  std::vector<Entry*> rebuild_queue_;
+  size_t rebuilds_running_ = 0;
+  bool rebuild_stop_ = false;
+  std::thread rebuild_thread_;
 
   // Serializes this process's size accounting and scans; the directory's lock file
   // (cache_files::DirectoryLock) serializes them between processes.

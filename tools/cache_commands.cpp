@@ -139,6 +139,9 @@ int cache_stats(const Invocation& inv) {
     compile_ms += r.compile_ms;
   }
   const uint64_t cap = cache.max_bytes();
+  // Each entry was compiled once; every later request for it was a hit (all processes).
+  const double requests = static_cast<double>(hits) + static_cast<double>(records.size());
+  const double hit_rate = requests > 0 ? static_cast<double>(hits) / requests : 0.0;
   if (inv.json) {
     Json out = {{"entries", records.size()},
                 {"total_bytes", stats.disk_bytes},
@@ -147,6 +150,7 @@ int cache_stats(const Invocation& inv) {
                 {"disk_enabled", cache.disk_enabled()},
                 {"read_only_directories", cache.read_only_directories()},
                 {"total_hits", hits},
+                {"hit_rate", hit_rate},
                 {"total_launches", launches},
                 {"compile_ms_total", compile_ms}};
     std::cout << out.dump(2) << "\n";
@@ -161,6 +165,7 @@ int cache_stats(const Invocation& inv) {
   if (!cache.read_only_directories().empty())
     table.add_row({"read-only", join(cache.read_only_directories(), ", ")});
   table.add_row({"total hits", std::to_string(hits)});
+  table.add_row({"hit rate", fixed(100.0 * hit_rate, 1) + "% (hits / (hits + entries compiled))"});
   table.add_row({"total launches", std::to_string(launches)});
   table.add_row({"compile ms total", fixed(compile_ms, 1)});
   std::cout << table.render();
