@@ -428,6 +428,7 @@ void run_group(const FusionGroup& group, Launch* launch, const Positions* positi
 struct CachedGroup {
   int root = 0;
   std::vector<int> members;
+  std::vector<int> inputs;  // the group's inputs (positions or -1 - leaf index), in order
   bool library = false;
   int gemm_a = 0, gemm_b = 0;  // schedule position, or -1 - leaf index
   std::vector<int> absorbed;
@@ -538,12 +539,7 @@ FusionPlan instantiate(const std::vector<CachedGroup>& cached, const std::vector
     g.index = static_cast<int>(plan.groups.size());
     g.root = schedule[c.root];
     for (int m : c.members) g.members.push_back(schedule[m]);
-    std::unordered_set<Node*> inside(g.members.begin(), g.members.end());
-    for (Node* m : g.members)
-      for (const NodePtr& in : m->inputs)
-        if (!inside.count(in.get()) &&
-            std::find(g.inputs.begin(), g.inputs.end(), in.get()) == g.inputs.end())
-          g.inputs.push_back(in.get());
+    for (int in : c.inputs) g.inputs.push_back(p.node(schedule, in));
     g.library = c.library;
     if (c.library && c.conv_pass >= 0) {
       g.conv.pass = static_cast<ConvPass>(c.conv_pass);
@@ -584,6 +580,7 @@ std::vector<CachedGroup> positional(const FusionPlan& plan, const Positions& p) 
     CachedGroup c;
     c.root = p.pos.at(g.root);
     for (Node* m : g.members) c.members.push_back(p.pos.at(m));
+    for (Node* in : g.inputs) c.inputs.push_back(p.ref(in));
     c.library = g.library;
     if (g.library && g.conv.root) {
       c.conv_pass = static_cast<int>(g.conv.pass);

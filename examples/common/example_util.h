@@ -136,6 +136,14 @@ inline void print_runtime_report() {
               static_cast<unsigned long long>(s.memory_hits),
               static_cast<unsigned long long>(s.disk_hits),
               s.disk_enabled ? ("directory " + s.directory).c_str() : "memory only");
+  const kiln::jit::ReplayStats r = kiln::jit::replay_stats();
+  std::printf(
+      "replay: %llu of %llu evaluations reused a plan (%llu with new sizes or draws), %llu "
+      "kernel launches replayed\n",
+      static_cast<unsigned long long>(r.hits),
+      static_cast<unsigned long long>(r.hits + r.misses),
+      static_cast<unsigned long long>(r.hits_relowered),
+      static_cast<unsigned long long>(r.launches_replayed));
   std::printf("\nmemory:\n%s\n", kiln::memory::report().c_str());
 }
 
