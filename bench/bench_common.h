@@ -79,10 +79,22 @@ struct Samples {
   Times medians() const { return {median(wall), median(cpu)}; }
 };
 
+/// Runs `fn` `warmup` times, and with tiered compiles (KILN_JIT_TIERS) at least until every
+/// kernel it launches has its full build: timings are of the steady state.
+inline void warm_up(int warmup, const std::function<void()>& fn) {
+  jit::KernelCache& cache = jit::kernel_cache();
+  const int runs =
+      cache.tiers()
+          ? std::max<int>(warmup, static_cast<int>(jit::KernelCache::kRebuildAfterLaunches))
+          : warmup;
+  for (int i = 0; i < runs; ++i) fn();
+  cache.wait_for_rebuilds();
+}
+
 /// Median wall and process CPU milliseconds of `fn` over `reps` timed runs after `warmup`
-/// untimed ones.
+/// untimed ones (warm_up).
 inline Times timed(int warmup, int reps, const std::function<void()>& fn) {
-  for (int i = 0; i < warmup; ++i) fn();
+  warm_up(warmup, fn);
   Samples s;
   for (int i = 0; i < reps; ++i) {
     Stopwatch watch;
@@ -95,7 +107,7 @@ inline Times timed(int warmup, int reps, const std::function<void()>& fn) {
 /// Median wall milliseconds of `fn` over `reps` timed runs after `warmup` untimed ones (for
 /// probes whose CPU time nobody reads).
 inline double median_ms(int warmup, int reps, const std::function<void()>& fn) {
-  for (int i = 0; i < warmup; ++i) fn();
+  warm_up(warmup, fn);
   std::vector<double> times;
   times.reserve(static_cast<size_t>(reps));
   for (int i = 0; i < reps; ++i) {

@@ -587,6 +587,8 @@ void KernelCache::fill_quick(Entry& e, const KernelRequest& request, CpuCompiler
   }
   r.hits = r.launches = 0;
   r.run_ms_total = 0;
+  r.compile_ms = 0;  // nothing was compiled under this key yet (the quick entry's record has it)
+  r.object_bytes = 0;
   e.last_used_ns.store(now_ns(), std::memory_order_relaxed);
   e.quick = true;
   e.quick_key = q.record->key;
@@ -619,7 +621,7 @@ bool KernelCache::tiers() const {
   int t = tiers_.load();
   if (t < 0) {
     t = settings::flag("KILN_JIT_TIERS", kTiersByDefault) ? 1 : 0;
-    const_cast<std::atomic<int>&>(tiers_).store(t);
+    tiers_.store(t);
   }
   return t == 1;
 }
@@ -650,6 +652,16 @@ void KernelCache::rebuild_loop() {
     --rebuilds_running_;
     rebuild_cv_.notify_all();
   }
+}
+
+// LLVM keeps function-local statics (SelectionDAG's value type tables, ...) that are made by
+// the first compile that needs them and destroyed at exit in reverse order of making: a
+// rebuild still compiling then would use destroyed tables. The global cache's exit handler
+// that stops rebuilds is therefore registered again after each compile and before each
+// rebuild, so it runs before the destructors of every static a compile has made so far.
+void KernelCache::hook_exit() {
+  if (!exit_hooks_ || !tiers()) return;
+  std::atexit([] { kernel_cache().stop_rebuilds(); });
 }
 
 void KernelCache::wait_for_rebuilds() {
@@ -701,6 +713,7 @@ void KernelCache::rebuild(Entry& e) {
   if (debug_log())
     log_line("kiln: debug: full build " + e.record.key + " (" + entry_name + "): quick build ran " +
              std::to_string(kRebuildAfterLaunches) + " times");
+  hook_exit();
   try {
     const auto start = Clock::now();
     std::vector<uint8_t> object = full.compile(source, "kiln_" + e.record.key + ".cpp");
@@ -828,6 +841,7 @@ void KernelCache::fill(Entry& e, const std::string& source, const std::string& e
     counters_.compile_ms_total += compile_ms;
   }
   ++tls_compiles;
+  hook_exit();
   if (disk_enabled_) store(e, source, object);
 }
 
@@ -1251,6 +1265,7 @@ KernelCache& kernel_cache() {
   // flushed at exit instead.
   static KernelCache* cache = [] {
     auto* c = new KernelCache(default_cache_directory(), default_cache_cap());
+    c->exit_hooks_ = true;
     // Background rebuilds end before the process does (they use LLVM, whose statics die
     // after the atexit handlers registered after them).
     std::atexit([] {

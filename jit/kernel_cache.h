@@ -225,6 +225,7 @@ class KernelCache {
   struct Entry;
   struct Builder;
   friend void count_use(KernelRecord*, std::mutex*, uint64_t, uint64_t, double);
+  friend KernelCache& kernel_cache();
 
   KernelHandle handle_of(Entry& e, const std::string& entry_name);
   void fill_quick(Entry& e, const KernelRequest& request, CpuCompiler& compiler);
@@ -232,6 +233,7 @@ class KernelCache {
   void rebuild(Entry& e);
   void rebuild_loop();
   void drop_quick_entry(Entry& e);
+  void hook_exit();
   bool load_from_disk_full(Entry& e, CpuCompiler& compiler, const std::string& entry_name,
                            std::string& why);
 
@@ -262,7 +264,8 @@ class KernelCache {
   mutable std::mutex stats_mutex_;  // guards counters_
   CacheStats counters_;
   std::atomic<uint64_t> memo_hits_{0};  // note_memory_hits(), added to memory_hits
-  std::atomic<int> tiers_{-1};          // -1: not decided yet (KILN_JIT_TIERS)
+  mutable std::atomic<int> tiers_{-1};  // -1: not decided yet (KILN_JIT_TIERS)
+  bool exit_hooks_ = false;             // the global cache: stop rebuilds at exit
 
   // Background rebuilds of quick builds: one thread, started by the first rebuild.
   std::mutex rebuild_mutex_;  // guards the fields below

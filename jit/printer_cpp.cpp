@@ -3,8 +3,11 @@
 #include "printer_cpp.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cstdio>
 #include <functional>
+#include <set>
+#include <sstream>
 #include <unordered_map>
 
 namespace kiln::jit {
@@ -15,6 +18,73 @@ using namespace printing;
 const char* kPrelude =
 #include "cpp_prelude.inc"
     ;
+
+// The prelude in sections: the text before the first `//@ provides: a b` line goes into
+// every kernel, each later section only into kernels that use one of the names it provides
+// (directly, or through another included section). Parsing all of it cost a third of a
+// quick (-O0) compile; most kernels need a few of its 35 sections.
+struct PreludeSection {
+  std::vector<std::string> provides;
+  std::string text;
+  std::set<std::string> uses;  // identifiers in `text`
+};
+
+void add_identifiers(const std::string& text, std::set<std::string>& out) {
+  auto word = [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; };
+  for (size_t i = 0; i < text.size();) {
+    if (!word(text[i])) {
+      ++i;
+      continue;
+    }
+    size_t j = i;
+    while (j < text.size() && word(text[j])) ++j;
+    // A number (0x7fffu, 1e5f) is no identifier.
+    if (!std::isdigit(static_cast<unsigned char>(text[i]))) out.insert(text.substr(i, j - i));
+    i = j;
+  }
+}
+
+const std::pair<std::string, std::vector<PreludeSection>>& prelude_sections() {
+  static const auto parsed = [] {
+    std::pair<std::string, std::vector<PreludeSection>> out;
+    const std::string all = kPrelude, marker = "//@ provides:";
+    size_t at = all.find(marker);
+    out.first = all.substr(0, at);
+    while (at != std::string::npos) {
+      const size_t eol = all.find('\n', at);
+      const size_t next = all.find(marker, eol);
+      PreludeSection sec;
+      std::istringstream names(all.substr(at + marker.size(), eol - at - marker.size()));
+      for (std::string n; names >> n;) sec.provides.push_back(n);
+      sec.text =
+          all.substr(eol + 1, next == std::string::npos ? std::string::npos : next - eol - 1);
+      add_identifiers(sec.text, sec.uses);
+      out.second.push_back(std::move(sec));
+      at = next;
+    }
+    return out;
+  }();
+  return parsed;
+}
+
+// The prelude `kernel` needs: the common part and the sections whose names it uses, in
+// prelude order (a section only uses names of sections before it).
+std::string prelude_for(const std::string& kernel) {
+  const auto& [common, sections] = prelude_sections();
+  std::set<std::string> used;
+  add_identifiers(kernel, used);
+  std::vector<bool> take(sections.size(), false);
+  // Later sections use earlier ones: walking back to front adds each one's names before
+  // the sections it may need are considered.
+  for (size_t k = sections.size(); k-- > 0;) {
+    for (const std::string& n : sections[k].provides) take[k] = take[k] || used.count(n) > 0;
+    if (take[k]) used.insert(sections[k].uses.begin(), sections[k].uses.end());
+  }
+  std::string out = common;
+  for (size_t k = 0; k < sections.size(); ++k)
+    if (take[k]) out += sections[k].text;
+  return out;
+}
 
 // Row-uniform selects. A map's inner loop walks one row of its domain (the last var). A
 // select whose condition does not depend on that var, or a load guarded by such a bound,
@@ -588,7 +658,8 @@ PrintedKernel print_cpp(const KernelIR& ir) {
     body = s;
   }
 
-  std::string text = head + kPrelude + sig + pro + body + "}\n";
+  std::string kernel = sig + pro + body + "}\n";
+  std::string text = head + prelude_for(kernel) + kernel;
   uint64_t h = std::hash<std::string>{}(text);
   char name[32];
   std::snprintf(name, sizeof name, "kiln_k%016llx", static_cast<unsigned long long>(h));
