@@ -228,7 +228,7 @@ void phase_overhead(Results& results) {
     r.compiler = compiler;
     r.micro = true;
     r.target_kind = "value<=";
-    r.target = 0.020;
+    r.target = 0.005;  // issue 26 (issue 8's was 20 us)
     char note[160];
     std::snprintf(note, sizeof note,
                   "3 ops on 16 floats incl. building (building alone %.2f us); %zu kernel(s), "

@@ -505,19 +505,29 @@ KernelCache::Entry& KernelCache::ready_entry(const std::string& source,
   return e;
 }
 
+// Loads `object` with `compiler` into `entry` (a KernelCache entry), replacing the symbols
+// of the module it had when `replace`, and returns its entry point. Throws CompileError,
+// leaving `entry` as it was, when the object does not load or lacks the entry point.
+template <typename CacheEntry>
+void* install_object(CacheEntry& entry, CpuCompiler& compiler, const std::vector<uint8_t>& object,
+                     const std::string& entry_point, bool replace) {
+  std::unique_ptr<LoadedModule> module = compiler.load(object);
+  if (!module) throw CompileError("[kernel cache] object does not load");
+  void* fn = module->symbol(entry_point);
+  if (!fn) throw CompileError("[kernel cache] object has no entry point '" + entry_point + "'");
+  entry.module = std::move(module);
+  if (replace) entry.symbols.clear();
+  entry.symbols[entry_point] = fn;
+  return fn;
+}
+
 KernelHandle KernelCache::get(const std::string& source, const std::string& entry_name,
                               const std::vector<std::string>& source_ops, CpuCompiler& compiler) {
   Builder builder{
       compiler.identity(), host_cpu_features(), ".cpp",
       [&](const std::string& src, const std::string& hint) { return compiler.compile(src, hint); },
       [&](Entry& entry, std::vector<uint8_t> object, const std::string& entry_point) {
-        std::unique_ptr<LoadedModule> module = compiler.load(object);
-        if (!module) throw CompileError("[kernel cache] object does not load");
-        void* fn = module->symbol(entry_point);
-        if (!fn)
-          throw CompileError("[kernel cache] object has no entry point '" + entry_point + "'");
-        entry.module = std::move(module);
-        entry.symbols[entry_point] = fn;
+        install_object(entry, compiler, object, entry_point, /*replace=*/false);
       }};
   std::unique_lock<std::mutex> lock;
   Entry& e = ready_entry(source, entry_name, source_ops, builder, lock);
@@ -759,19 +769,12 @@ void KernelCache::drop_quick_entry(Entry& e) {
 // Under e's lock: a full build of e from disk, swapped in for whatever e runs now.
 bool KernelCache::load_from_disk_full(Entry& e, CpuCompiler& compiler,
                                       const std::string& entry_name, std::string& why) {
-  Builder builder{
-      compiler.identity(), host_cpu_features(), ".cpp", nullptr,
-      [&](Entry& entry, std::vector<uint8_t> object, const std::string& entry_point) {
-        std::unique_ptr<LoadedModule> module = compiler.load(object);
-        if (!module) throw CompileError("[kernel cache] object does not load");
-        void* fn = module->symbol(entry_point);
-        if (!fn)
-          throw CompileError("[kernel cache] object has no entry point '" + entry_point + "'");
-        entry.module = std::move(module);
-        entry.symbols.clear();
-        entry.symbols[entry_point] = fn;
-        entry.slot.store(fn, std::memory_order_release);
-      }};
+  Builder builder{compiler.identity(), host_cpu_features(), ".cpp", nullptr,
+                  [&](Entry& entry, std::vector<uint8_t> object, const std::string& entry_point) {
+                    entry.slot.store(
+                        install_object(entry, compiler, object, entry_point, /*replace=*/true),
+                        std::memory_order_release);
+                  }};
   (void)entry_name;
   return load_from_disk(e, builder, why);
 }

@@ -9,6 +9,8 @@
 #include <filesystem>
 #include <string>
 
+#include "jit/kernel_cache.h"
+
 int main(int argc, char** argv) {
   std::string own_cache;
   if (!std::getenv("KILN_CACHE_DIR")) {
@@ -22,6 +24,8 @@ int main(int argc, char** argv) {
   }
   const int status = Catch::Session().run(argc, argv);
   if (!own_cache.empty()) {
+    // Background full builds of tiered kernels would still write into the directory.
+    kiln::jit::kernel_cache().stop_rebuilds();
     std::error_code ec;
     std::filesystem::remove_all(own_cache, ec);
   }
