@@ -4,6 +4,8 @@
 
 #include <cerrno>
 
+#include "settings.h"
+
 namespace kiln {
 
 void log_line(const std::string& line) {
@@ -18,5 +20,7 @@ void log_line(const std::string& line) {
     left -= static_cast<size_t>(n);
   }
 }
+
+bool debug_log() { return settings::choice("KILN_LOG", {"debug"}).has_value(); }
 
 }  // namespace kiln

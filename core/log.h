@@ -8,4 +8,7 @@ namespace kiln {
 /// threads or processes do not interleave.
 void log_line(const std::string& line);
 
+/// True when KILN_LOG=debug asks for debug lines (compiles, disk loads, plans made).
+bool debug_log();
+
 }  // namespace kiln

@@ -5,14 +5,12 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
-#include <functional>
 #include <limits>
 #include <mutex>
 #include <unordered_map>
 #include <unordered_set>
 
 #include "../core/log.h"
-#include "../core/settings.h"
 #include "../core/structural_hash.h"
 #include "../core/tensor.h"
 #include "../core/thread_pool.h"
@@ -31,8 +29,6 @@ namespace kiln::jit {
 namespace {
 
 using KernelFn = void (*)(char**, const int64_t*, int64_t, int64_t, int64_t);
-
-bool debug_log() { return settings::choice("KILN_LOG", {"debug"}).has_value(); }
 
 std::mutex g_stats_mutex;
 EvalStats g_last_stats;
@@ -480,11 +476,14 @@ constexpr size_t kMaxCachedPlans = 4096;
 constexpr size_t kMaxCachedGroups = size_t{1} << 17;
 
 std::atomic<int> g_signature_bits{64};
-std::mutex g_replay_mutex;
-ReplayStats g_replay;
-void count_replay(const std::function<void(ReplayStats&)>& add) {
-  std::lock_guard lock(g_replay_mutex);
-  add(g_replay);
+// ReplayStats' counters; launches_replayed is bumped once per launch, so no lock.
+struct ReplayCounters {
+  std::atomic<uint64_t> hits{0}, misses{0}, collisions{0}, hits_relowered{0}, groups_relowered{0},
+      launches_replayed{0};
+};
+ReplayCounters g_replay;
+void bump(std::atomic<uint64_t>& counter, uint64_t n = 1) {
+  counter.fetch_add(n, std::memory_order_relaxed);
 }
 
 struct Positions {
@@ -702,10 +701,8 @@ bool confirm(CachedPlan& c, const std::vector<Node*>& schedule,
   }
   for (size_t i = 0; i < p.leaves.size(); ++i)
     if (changed_leaf[i]) c.leaves[i].shape = p.leaves[i]->shape;
-  count_replay([&](ReplayStats& s) {
-    ++s.hits_relowered;
-    s.groups_relowered += relowered;
-  });
+  bump(g_replay.hits_relowered);
+  bump(g_replay.groups_relowered, relowered);
   if (debug_log())
     log_line("kiln: debug: replay of a plan of " + std::to_string(c.groups.size()) +
              " kernels with new sizes or random draws: " + std::to_string(relowered) +
@@ -719,12 +716,19 @@ struct FusedPlan {
   Positions positions;
 };
 
+// fuse(), with each group's position in the plan recorded in it (FusionGroup::index).
+FusionPlan fuse_numbered(const std::vector<Node*>& schedule,
+                         const std::unordered_set<Node*>& outputs) {
+  FusionPlan plan = fuse(schedule, outputs);
+  for (size_t g = 0; g < plan.groups.size(); ++g) plan.groups[g].index = static_cast<int>(g);
+  return plan;
+}
+
 FusedPlan fuse_cached(const std::vector<Node*>& schedule,
                       const std::unordered_set<Node*>& outputs) {
   FusedPlan f;
   if (pass_disabled("PLAN_CACHE")) {
-    f.plan = fuse(schedule, outputs);
-    for (size_t g = 0; g < f.plan.groups.size(); ++g) f.plan.groups[g].index = static_cast<int>(g);
+    f.plan = fuse_numbered(schedule, outputs);
     return f;
   }
   std::vector<char> stored;
@@ -740,19 +744,16 @@ FusedPlan fuse_cached(const std::vector<Node*>& schedule,
       if (confirm(*it->second, schedule, outputs, f.positions, stored)) {
         f.cached = it->second;
         f.plan = instantiate(f.cached->groups, schedule, f.positions);
-        count_replay([](ReplayStats& s) { ++s.hits; });
+        bump(g_replay.hits);
         return f;
       }
       collision = true;
     }
   }
-  f.plan = fuse(schedule, outputs);
-  for (size_t g = 0; g < f.plan.groups.size(); ++g) f.plan.groups[g].index = static_cast<int>(g);
+  f.plan = fuse_numbered(schedule, outputs);
   f.cached = new_cached_plan(f.plan, schedule, outputs, f.positions, stored);
-  count_replay([&](ReplayStats& s) {
-    ++s.misses;
-    s.collisions += collision ? 1 : 0;
-  });
+  bump(g_replay.misses);
+  bump(g_replay.collisions, collision ? 1 : 0);
   if (debug_log())
     log_line("kiln: debug: plan of " + std::to_string(schedule.size()) + " nodes made (" +
              (collision ? "its signature collided with another graph's" : "a new signature") +
@@ -762,9 +763,7 @@ FusedPlan fuse_cached(const std::vector<Node*>& schedule,
     g_plans.clear();
     g_cached_groups = 0;
   }
-  auto [it, fresh] = g_plans.insert_or_assign(sig, f.cached);
-  (void)it;
-  (void)fresh;
+  g_plans[sig] = f.cached;
   g_cached_groups += f.cached->groups.size();
   return f;
 }
@@ -827,6 +826,13 @@ Plan make_plan(const std::vector<Node*>& schedule, const std::vector<Node*>& req
   return p;
 }
 
+// Lowers `group` into `launch`, its inputs recorded as positions (not ready yet: no kernel).
+void lower_into(Launch& launch, const FusionGroup& group, const Positions& positions) {
+  launch.lk = lower(group);
+  launch.input_refs.clear();
+  for (Node* n : launch.lk.input_nodes) launch.input_refs.push_back(positions.ref(n));
+}
+
 const LoweredKernel& launch_for(const FusionGroup& group, Launch* launch, LoweredKernel& scratch,
                                 KernelHandle& kernel, const Positions* positions,
                                 const std::vector<Node*>* schedule) {
@@ -837,20 +843,20 @@ const LoweredKernel& launch_for(const FusionGroup& group, Launch* launch, Lowere
     for (size_t k = 0; k < in.size(); ++k)
       in[k] = positions->node(*schedule, launch->input_refs[k]);
     kernel = launch->kernel;
-    if (!launch->fresh) count_replay([](ReplayStats& s) { ++s.launches_replayed; });
+    if (!launch->fresh) bump(g_replay.launches_replayed);
     launch->fresh = false;
     return launch->lk;
   }
-  LoweredKernel& lk = launch ? launch->lk : scratch;
-  lk = lower(group);
-  if (cpu) kernel = kernel_for(lk.ir);
-  if (launch) {
-    launch->input_refs.clear();
-    for (Node* n : lk.input_nodes) launch->input_refs.push_back(positions->ref(n));
-    launch->kernel = kernel;
-    launch->ready = true;
+  if (!launch) {
+    scratch = lower(group);
+    if (cpu) kernel = kernel_for(scratch.ir);
+    return scratch;
   }
-  return lk;
+  lower_into(*launch, group, *positions);
+  if (cpu) kernel = kernel_for(launch->lk.ir);
+  launch->kernel = kernel;
+  launch->ready = true;
+  return launch->lk;
 }
 
 // Lowers every CPU kernel group whose launch is not ready and asks for their kernels in one
@@ -859,33 +865,31 @@ const LoweredKernel& launch_for(const FusionGroup& group, Launch* launch, Lowere
 // run_group, which lowers and compiles it again when it runs and raises the error there,
 // after the groups before it, as an unprepared evaluation would.
 void prepare_launches(const FusionPlan& plan, CachedPlan& c, const Positions& p) {
-  std::vector<size_t> todo;
+  std::vector<Launch*> lowered;  // launches lowered here that still need their kernel
+  std::vector<const KernelIR*> irs;
   for (const FusionGroup& g : plan.groups) {
     if (g.library || g.root->op == OpCode::Transfer || g.root->device.is_cuda()) continue;
     Launch& launch = c.launches.at(static_cast<size_t>(g.index));
     if (launch.ready) continue;
     try {
-      launch.lk = lower(g);
+      lower_into(launch, g, p);
     } catch (...) {
       continue;
     }
-    launch.input_refs.clear();
-    for (Node* n : launch.lk.input_nodes) launch.input_refs.push_back(p.ref(n));
-    todo.push_back(static_cast<size_t>(g.index));
+    lowered.push_back(&launch);
+    irs.push_back(&launch.lk.ir);
   }
-  if (todo.empty()) return;
-  std::vector<const KernelIR*> irs;
-  for (size_t i : todo) irs.push_back(&c.launches[i].lk.ir);
+  if (lowered.empty()) return;
   std::vector<KernelHandle> handles;
   try {
     handles = kernels_for(irs);
   } catch (...) {
     return;
   }
-  for (size_t k = 0; k < todo.size(); ++k) {
-    c.launches[todo[k]].kernel = handles[k];
-    c.launches[todo[k]].ready = true;
-    c.launches[todo[k]].fresh = true;
+  for (size_t k = 0; k < lowered.size(); ++k) {
+    lowered[k]->kernel = handles[k];
+    lowered[k]->ready = true;
+    lowered[k]->fresh = true;
   }
 }
 
@@ -942,8 +946,13 @@ void set_plan_signature_bits_for_testing(int bits) {
 }
 
 ReplayStats replay_stats() {
-  std::lock_guard lock(g_replay_mutex);
-  return g_replay;
+  auto get = [](const std::atomic<uint64_t>& c) { return c.load(std::memory_order_relaxed); };
+  return {get(g_replay.hits),
+          get(g_replay.misses),
+          get(g_replay.collisions),
+          get(g_replay.hits_relowered),
+          get(g_replay.groups_relowered),
+          get(g_replay.launches_replayed)};
 }
 
 EvalStats last_eval_stats() {

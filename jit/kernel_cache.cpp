@@ -75,7 +75,6 @@ double ms_since(Clock::time_point start) {
   return std::chrono::duration<double, std::milli>(Clock::now() - start).count();
 }
 
-bool debug_log() { return settings::choice("KILN_LOG", {"debug"}).has_value(); }
 bool dump_kernels() { return settings::flag("KILN_DUMP_KERNELS"); }
 
 std::string join(const std::vector<std::string>& items, const char* sep) {
