@@ -137,13 +137,16 @@ inline void print_runtime_report() {
               static_cast<unsigned long long>(s.disk_hits),
               s.disk_enabled ? ("directory " + s.directory).c_str() : "memory only");
   const kiln::jit::ReplayStats r = kiln::jit::replay_stats();
+  auto u = [](uint64_t v) { return static_cast<unsigned long long>(v); };
   std::printf(
       "replay: %llu of %llu evaluations reused a plan (%llu with new sizes or draws), %llu "
       "kernel launches replayed\n",
-      static_cast<unsigned long long>(r.hits),
-      static_cast<unsigned long long>(r.hits + r.misses),
-      static_cast<unsigned long long>(r.hits_relowered),
-      static_cast<unsigned long long>(r.launches_replayed));
+      u(r.hits), u(r.hits + r.misses), u(r.hits_relowered), u(r.launches_replayed));
+  std::printf(
+      "plans made: %llu new graphs, %llu for another dtype, %llu device, %llu broadcast, %llu "
+      "attributes, %llu outputs, %llu dropped from the cache\n",
+      u(r.missed_new_graph), u(r.missed_dtype), u(r.missed_device), u(r.missed_broadcast),
+      u(r.missed_attributes), u(r.missed_roles), u(r.missed_dropped));
   std::printf("\nmemory:\n%s\n", kiln::memory::report().c_str());
 }
 
