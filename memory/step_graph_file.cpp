@@ -2,6 +2,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <optional>
@@ -131,15 +132,27 @@ StepGraphFile load_step_graph(const std::string& path) {
   return file;
 }
 
-std::string plan_dump_path() {
+std::string plan_dump_path(bool training_step) {
   std::optional<std::string> set = settings::text("KILN_PLAN_DUMP");
   if (!set) return {};
   std::string path = *set;
   if (size_t at = path.find("%n"); at != std::string::npos) {
+    // Six digits keep the files in evaluation order when listed by name.
     static std::atomic<uint64_t> evaluations{0};
-    path.replace(at, 2, std::to_string(evaluations.fetch_add(1)));
+    char number[24];
+    std::snprintf(number, sizeof number, "%06llu",
+                  static_cast<unsigned long long>(evaluations.fetch_add(1)));
+    path.replace(at, 2, number);
+    return path;
   }
-  return path;
+  // One file: once a training step is in it, evaluations after training (a test pass,
+  // sampling) leave it alone, so it holds the step a user means to plan.
+  static std::atomic<bool> holds_training_step{false};
+  if (training_step) {
+    holds_training_step = true;
+    return path;
+  }
+  return holds_training_step ? std::string() : path;
 }
 
 }  // namespace kiln::memory
