@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <mutex>
 #include <optional>
 #include <sstream>
 
@@ -146,13 +147,16 @@ std::string plan_dump_path(bool training_step) {
     return path;
   }
   // One file: once a training step is in it, evaluations after training (a test pass,
-  // sampling) leave it alone, so it holds the step a user means to plan.
-  static std::atomic<bool> holds_training_step{false};
+  // sampling) leave it alone, so it holds the step a user means to plan. Another path set
+  // later starts afresh.
+  static std::mutex mutex;
+  static std::string holds_training_step;
+  std::lock_guard lock(mutex);
   if (training_step) {
-    holds_training_step = true;
+    holds_training_step = path;
     return path;
   }
-  return holds_training_step ? std::string() : path;
+  return path == holds_training_step ? std::string() : path;
 }
 
 }  // namespace kiln::memory

@@ -29,7 +29,7 @@ StepGraphFile load_step_graph(const std::string& path);
 /// unset. With "%n" in it, one file per evaluation: "%n" becomes a count of the calls,
 /// zero-padded to six digits (000000, 000001, ...). Without, one file that keeps the last
 /// training step (`training_step`: the evaluation ends in parameter updates): evaluations
-/// without updates write it only until a training step has.
+/// without updates write that path only until a training step has.
 std::string plan_dump_path(bool training_step);
 
 }  // namespace kiln::memory

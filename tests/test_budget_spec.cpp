@@ -341,6 +341,14 @@ TEST_CASE("budgets: KILN_PLAN_DUMP without %n keeps the last training step", "[m
   CHECK(after.graph.kernels.size() == trained.graph.kernels.size());
   CHECK(after.kernel_names == trained.kernel_names);
   CHECK(after.graph.start_bytes == trained.graph.start_bytes);
+  // Another file holds no training step yet: an evaluation writes it.
+  const std::string other = tmp.file("other.graph");
+  ScopedEnv dump_other("KILN_PLAN_DUMP", other);
+  {
+    NoGradGuard no_grad;
+    (void)sum(exp(layer->forward(randn({32, 16})))).item<float>();
+  }
+  CHECK(memory::load_step_graph(other).graph.kernels.size() < trained.graph.kernels.size());
 }
 
 TEST_CASE("budgets: a step over the budget says whether it is a training step", "[memory]") {
