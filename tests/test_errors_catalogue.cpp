@@ -558,10 +558,12 @@ std::vector<Case> catalogue() {
                }});
   c.push_back({"a variable kiln does not have", R::Value, "[settings]",
                [] { (void)kiln::settings::text("KILN_NO_SUCH_VARIABLE"); }});
-  c.push_back({"set_budget of an unparseable size", R::Value, "[memory]",
+  c.push_back({"set_budget of an unparseable size", R::Value, "[set_budget]",
                [] { kiln::memory::set_budget(std::string("lots")); }});
-  c.push_back({"set_budget of a fraction above 1", R::Value, "[memory]",
-               [] { kiln::memory::set_budget(std::string("1.5")); }});
+  c.push_back({"set_budget of a bare fraction", R::Value, "[set_budget]",
+               [] { kiln::memory::set_budget(std::string("0.5")); }});
+  c.push_back({"set_budget of a share above 100%", R::Value, "[set_budget]",
+               [] { kiln::memory::set_budget(std::string("150%")); }});
   return c;
 }
 
