@@ -274,6 +274,14 @@ TEST_CASE("nn Conv1d and ConvTranspose2d reject bad settings and inputs", "[nn][
                "output"));
   REQUIRE_THROWS_WITH(F::conv1d(kiln::zeros({1, 4, 5}), kiln::zeros({4, 4, 3, 3})),
                       Contains("[conv1d] expected a 3-D weight"));
+  REQUIRE_THROWS_WITH(F::conv1d(kiln::zeros({1, 4, 5}), kiln::zeros({4, 4, 3}), kiln::zeros({3})),
+                      Contains("[conv1d] expected a bias of shape [4], got float32[3]"));
+  REQUIRE_THROWS_WITH(
+      F::conv1d(kiln::zeros({1, 4, 5}), kiln::zeros({4, 4, 3}, DType::Float64)),
+      Contains("[conv1d] expected weight of dtype float32 (the input's), got float64[4, 4, 3]"));
+  REQUIRE_THROWS_WITH(
+      F::conv1d(kiln::zeros({1, 4, 5}), kiln::zeros({3, 2, 3}), Tensor(), 1, 0, 1, 2),
+      Contains("[conv1d] out_channels 3 is not divisible by groups 2"));
   REQUIRE_THROWS_WITH(F::conv1d(kiln::zeros({1, 4, 5}), kiln::zeros({4, 4, 3}), Tensor(), 0),
                       Contains("[conv1d] stride must be >= 1, got 0"));
 }

@@ -133,6 +133,13 @@ TEST_CASE("nn TransformerEncoder stacks copies of its layer and a final norm",
   std::ostringstream repr;
   repr << bare;
   CHECK(repr.str().find("(layers): ModuleList(") != std::string::npos);
+  // A prototype in float64 gives a float64 stack with its values.
+  nn::TransformerEncoderLayer wide(8, 2, 16, 0.0);
+  wide.to(DType::Float64);
+  scramble(wide);
+  nn::TransformerEncoder wide_stack(wide, 2);
+  for (const Tensor& p : wide_stack.parameters()) REQUIRE(p.dtype() == DType::Float64);
+  CHECK(values(wide_stack.layers[1]->norm2->bias) == values(wide.norm2->bias));
   REQUIRE_THROWS_WITH(nn::TransformerEncoder(proto, 0),
                       Contains("[TransformerEncoder] num_layers must be >= 1, got 0"));
 }

@@ -176,11 +176,16 @@ Tensor conv2d(const Tensor& input, const Tensor& weight_in, const Tensor& bias_i
   return restore_batch(y, input);
 }
 
-Tensor conv1d(const Tensor& input, const Tensor& weight, const Tensor& bias, int64_t stride,
-              int64_t padding, int64_t dilation, int64_t groups) {
+Tensor conv1d(const Tensor& input_in, const Tensor& weight_in, const Tensor& bias_in,
+              int64_t stride, int64_t padding, int64_t dilation, int64_t groups) {
   const char* op = "conv1d";
+  // Autocast's casts first (conv2d's again are no-ops), so the checks see what conv2d will.
+  const Tensor input = amp::lower_precision(input_in), weight = amp::lower_precision(weight_in),
+               bias = amp::lower_precision(bias_in);
   require_defined(input, op, "input");
   require_defined(weight, op, "weight");
+  require_floating(input, op, "input");
+  require_same_dtype(input, weight, op, "weight");
   if (input.ndim() != 2 && input.ndim() != 3) {
     throw ShapeError("[conv1d] expected a 3-D input [N, C, L] or 2-D [C, L], got " +
                      describe(input));
@@ -197,6 +202,17 @@ Tensor conv1d(const Tensor& input, const Tensor& weight, const Tensor& bias, int
     throw ShapeError("[conv1d] expected input with " + std::to_string(weight.size(1) * groups) +
                      " channels (weight " + describe(weight) + ", groups " +
                      std::to_string(groups) + "), got " + describe(input));
+  }
+  if (weight.size(0) % groups != 0) {
+    throw ValueError("[conv1d] out_channels " + std::to_string(weight.size(0)) +
+                     " is not divisible by groups " + std::to_string(groups));
+  }
+  if (bias.defined()) {
+    require_same_dtype(input, bias, op, "bias");
+    if (bias.shape() != Shape{weight.size(0)}) {
+      throw ShapeError("[conv1d] expected a bias of shape [" + std::to_string(weight.size(0)) +
+                       "], got " + describe(bias));
+    }
   }
   const int64_t span = input.size(-1) + 2 * padding - dilation * (weight.size(2) - 1) - 1;
   if (span < 0) {

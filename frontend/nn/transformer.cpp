@@ -259,7 +259,12 @@ TransformerEncoder::TransformerEncoder(const TransformerEncoderLayer& proto, int
         attn.embed_dim, attn.num_heads, proto.linear1->out_features, proto.dropout->p,
         proto.activation, proto.norm1->eps, attn.batch_first, proto.norm_first,
         proto.linear1->bias.defined());
-    // The prototype's values, as PyTorch's deep copies: each layer then trains on its own.
+    // The prototype's dtypes, devices and values, as PyTorch's deep copies: each layer then
+    // trains on its own. Module::to keeps the norms in float32 in a half model, as the
+    // prototype's own to() did.
+    const Tensor& w = proto.linear1->weight;
+    if (w.dtype() != DType::Float32) layer->to(w.dtype());
+    if (!(layer->linear1->weight.device() == w.device())) layer->to(w.device());
     layer->load_state_dict(values);
     if (!proto.is_training()) layer->eval();
     layers.push_back(list->register_module(std::to_string(i), layer));
