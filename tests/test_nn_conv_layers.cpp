@@ -102,6 +102,9 @@ TEST_CASE("nn conv1d matches the definition over strides, paddings, dilations an
                              a.padding, a.dilation, a.groups);
       REQUIRE(got.shape() == Shape{n, o, ol});
       NN_REQUIRE_CLOSE(values(got), want, 1e-12, 1e-12);
+      NN_REQUIRE_CLOSE(values(F::conv1d(make(x, {n, c, l}), make(w, {o, c / a.groups, k}),
+                                        make(b, {o}), a.stride, a.padding, a.dilation, a.groups)),
+                       want, 1e-5, 1e-5);
       // Unbatched [C, L] and no bias.
       Matrix x1(x.begin(), x.begin() + c * l);
       Matrix want1 = conv1d_reference(x1, 1, c, l, w, o, k, {}, a, &ol);
@@ -150,6 +153,12 @@ TEST_CASE("nn conv_transpose2d matches the definition and is conv2d's adjoint", 
                                        a.output_padding, a.groups, a.dilation);
       REQUIRE(got.shape() == Shape{n, og * a.groups, oh, ow});
       NN_REQUIRE_CLOSE(values(got), want, 1e-12, 1e-12);
+      // float32 runs its own kernels (and products): the same values to float32 precision.
+      auto f32 = [](const Tensor& t) { return kiln::cast(t, DType::Float32); };
+      NN_REQUIRE_CLOSE(
+          values(F::conv_transpose2d(f32(xt), f32(weight), f32(f64(b, {og * a.groups})), a.stride,
+                                     a.padding, a.output_padding, a.groups, a.dilation)),
+          want, 1e-5, 1e-5);
       // With output_padding >= stride (allowed when < dilation) conv2d of the output has
       // an extra row: the adjoint identity below is for the other settings.
       if (a.output_padding >= a.stride) continue;
