@@ -371,3 +371,18 @@ TEST_CASE("nn Conv1d and ConvTranspose2d match PyTorch outputs and gradients",
   cases.push_back(std::move(f2));
   NN_REQUIRE_TORCH_PARITY(cases);
 }
+
+TEST_CASE("nn conv1d and conv_transpose2d run in bfloat16 under autocast", "[nn][conv][amp]") {
+  kiln::manual_seed(85);
+  Tensor seq = kiln::randn({2, 4, 9}), k1 = kiln::randn({6, 2, 3}), b1 = kiln::randn({6});
+  Tensor img = kiln::randn({2, 4, 5, 5}), kt = kiln::randn({4, 3, 3, 3}), bt = kiln::randn({3});
+  std::vector<double> want1 = values(F::conv1d(seq, k1, b1, 2, 1, 1, 2));
+  std::vector<double> want2 = values(F::conv_transpose2d(img, kt, bt, 2, 1, 1));
+  kiln::amp::autocast scope;  // CPU: bfloat16
+  Tensor got1 = F::conv1d(seq, k1, b1, 2, 1, 1, 2),
+         got2 = F::conv_transpose2d(img, kt, bt, 2, 1, 1);
+  CHECK(got1.dtype() == DType::BFloat16);
+  CHECK(got2.dtype() == DType::BFloat16);
+  NN_REQUIRE_CLOSE(values(got1), want1, 1e-1, 3e-2);
+  NN_REQUIRE_CLOSE(values(got2), want2, 1e-1, 3e-2);
+}

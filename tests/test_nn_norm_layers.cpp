@@ -267,3 +267,32 @@ TEST_CASE("nn GroupNorm and InstanceNorm2d match PyTorch outputs, gradients and 
   cases.push_back(std::move(f));
   NN_REQUIRE_TORCH_PARITY(cases);
 }
+
+TEST_CASE("nn GroupNorm and InstanceNorm2d run in float32 under autocast and in half models",
+          "[nn][norm][amp]") {
+  kiln::manual_seed(93);
+  Tensor x = kiln::randn({2, 4, 3, 3});
+  nn::GroupNorm gn(2, 4);
+  nn::InstanceNorm2d in(4, 1e-5, 0.1, true, true);
+  std::vector<double> gn32 = values(gn.forward(x)), in32 = values(in.forward(x));
+  {
+    kiln::amp::autocast scope;  // CPU: bfloat16
+    Tensor half = kiln::cast(x, DType::BFloat16);
+    CHECK(F::group_norm(half, 2).dtype() == DType::Float32);
+    CHECK(F::instance_norm(half).dtype() == DType::Float32);
+    // The module, as LayerNorm's, normalises in float32 and returns its input's dtype.
+    CHECK(gn.forward(half).dtype() == DType::BFloat16);
+  }
+  // A bfloat16 model keeps both norms' parameters and statistics in float32 (Module::to) and
+  // returns the input's dtype, within bfloat16's precision of the float32 result.
+  gn.to(DType::BFloat16);
+  in.to(DType::BFloat16);
+  CHECK(gn.weight.dtype() == DType::Float32);
+  CHECK(in.running_var.dtype() == DType::Float32);
+  Tensor half = kiln::cast(x, DType::BFloat16);
+  Tensor y = gn.forward(half), z = in.forward(half);
+  CHECK(y.dtype() == DType::BFloat16);
+  CHECK(z.dtype() == DType::BFloat16);
+  NN_REQUIRE_CLOSE(values(y), gn32, 5e-2, 2e-2);
+  NN_REQUIRE_CLOSE(values(z), in32, 5e-2, 2e-2);
+}

@@ -393,3 +393,15 @@ TEST_CASE("nn recurrent layers match PyTorch outputs and gradients", "[nn][rnn][
   }
   NN_REQUIRE_TORCH_PARITY(cases);
 }
+
+TEST_CASE("nn GRU and bidirectional LSTM run under autocast close to float32", "[nn][rnn][amp]") {
+  kiln::manual_seed(66);
+  Tensor x = kiln::randn({4, 2, 3});
+  nn::GRU gru(3, 5, 2);
+  nn::LSTM lstm(3, 5, 1, true, false, 0.0, true, 2);
+  std::vector<double> gru32 = values(gru.forward(x).output),
+                      lstm32 = values(lstm.forward(x).output);
+  kiln::amp::autocast scope;  // CPU: bfloat16 products
+  NN_REQUIRE_CLOSE(values(gru.forward(x).output), gru32, 5e-2, 5e-2);
+  NN_REQUIRE_CLOSE(values(lstm.forward(x).output), lstm32, 5e-2, 5e-2);
+}
