@@ -310,8 +310,8 @@ Tensor TransformerDecoderLayer::forward(const Tensor& tgt, const Tensor& memory,
                                         const Tensor& memory_key_padding_mask, bool tgt_is_causal,
                                         bool memory_is_causal) {
   detail::require_defined(memory, name(), "memory");
-  // A causal flag with its mask given is only a hint in PyTorch (the mask decides); kiln's
-  // attention applies both, which is the same when the mask is causal.
+  // With its mask given, a causal flag is only a hint in PyTorch (the mask decides), so it
+  // masks here only where no mask is given.
   auto self_block = [&](const Tensor& x) {
     return dropout1->forward(self_attn
                                  ->forward(x, x, x, tgt_key_padding_mask, false, tgt_mask, true,
