@@ -3,10 +3,10 @@
 // and binary op, how to build it with kiln, an independent float64 reference written from
 // the math (never kiln's own table), the input domain, the dtypes the op accepts, the
 // result dtype rule and a tolerance class; and for every differentiable op, its gradient
-// case (grad_cases(), at the end: inputs, edges and the conventions at kinks). The checkers build
-// inputs, run the op through whatever executor is current, and return "" on success or a
-// description of the first mismatch, so the reference, JIT and CUDA executors and any test
-// framework can reuse them unchanged.
+// case (grad_cases(), at the end: inputs, edges and the conventions at kinks). The checkers build inputs, run the
+// op through whatever executor is current, and return "" on success or a description of
+// the first mismatch, so the reference, JIT and CUDA executors and any test framework can
+// reuse them unchanged.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -47,29 +47,22 @@ inline Tol tolerance(DType dtype, Precision p) {
   if (!is_floating(dtype) || p == Precision::Exact) return {0, 0};
   bool tr = p == Precision::Transcendental;
   switch (dtype) {
-    case DType::Float32:
-      return tr ? Tol{1e-5, 1e-5} : Tol{2e-6, 1e-6};
-    case DType::Float64:
-      return tr ? Tol{1e-10, 1e-12} : Tol{1e-12, 1e-13};
-    case DType::Float16:
-      return {1e-3, 1e-3};
-    case DType::BFloat16:
-      return {8e-3, 8e-3};
-    default:
-      return {0, 0};
+    case DType::Float32: return tr ? Tol{1e-5, 1e-5} : Tol{2e-6, 1e-6};
+    case DType::Float64: return tr ? Tol{1e-10, 1e-12} : Tol{1e-12, 1e-13};
+    case DType::Float16: return {1e-3, 1e-3};
+    case DType::BFloat16: return {8e-3, 8e-3};
+    default: return {0, 0};
   }
 }
 
 /// The dtypes the registry runs over.
 inline const std::vector<DType>& registry_dtypes() {
-  static const std::vector<DType> all = {DType::Float32,  DType::Float64, DType::Float16,
-                                         DType::BFloat16, DType::Int32,   DType::Int64,
-                                         DType::Int8,     DType::UInt8,   DType::Bool};
+  static const std::vector<DType> all = {DType::Float32, DType::Float64, DType::Float16, DType::BFloat16,
+                                         DType::Int32,   DType::Int64,   DType::Int8,    DType::UInt8,
+                                         DType::Bool};
   return all;
 }
-inline std::vector<DType> floats() {
-  return {DType::Float32, DType::Float64, DType::Float16, DType::BFloat16};
-}
+inline std::vector<DType> floats() { return {DType::Float32, DType::Float64, DType::Float16, DType::BFloat16}; }
 inline std::vector<DType> ints() { return {DType::Int32, DType::Int64, DType::Int8, DType::UInt8}; }
 inline std::vector<DType> join(std::vector<DType> a, const std::vector<DType>& b) {
   a.insert(a.end(), b.begin(), b.end());
@@ -132,42 +125,24 @@ inline double truthy(double a) { return a != 0.0 ? 1.0 : 0.0; }
 /// An int64 reduced to `dtype` the way storing it wraps (two's complement) or tests (bool).
 inline int64_t wrap_to(DType dtype, int64_t v) {
   switch (dtype) {
-    case DType::Bool:
-      return v != 0;
-    case DType::Int8:
-      return static_cast<int8_t>(v);
-    case DType::UInt8:
-      return static_cast<uint8_t>(v);
-    case DType::Int16:
-      return static_cast<int16_t>(v);
-    case DType::Int32:
-      return static_cast<int32_t>(v);
-    default:
-      return v;
+    case DType::Bool: return v != 0;
+    case DType::Int8: return static_cast<int8_t>(v);
+    case DType::UInt8: return static_cast<uint8_t>(v);
+    case DType::Int16: return static_cast<int16_t>(v);
+    case DType::Int32: return static_cast<int32_t>(v);
+    default: return v;
   }
 }
 
 /// The range of an integer dtype as doubles.
 inline void int_range(DType dtype, double& lo, double& hi) {
   switch (dtype) {
-    case DType::Bool:
-      lo = 0, hi = 1;
-      return;
-    case DType::Int8:
-      lo = -128, hi = 127;
-      return;
-    case DType::UInt8:
-      lo = 0, hi = 255;
-      return;
-    case DType::Int16:
-      lo = -32768, hi = 32767;
-      return;
-    case DType::Int32:
-      lo = -2147483648.0, hi = 2147483647.0;
-      return;
-    default:
-      lo = -9.0e15, hi = 9.0e15;
-      return;
+    case DType::Bool: lo = 0, hi = 1; return;
+    case DType::Int8: lo = -128, hi = 127; return;
+    case DType::UInt8: lo = 0, hi = 255; return;
+    case DType::Int16: lo = -32768, hi = 32767; return;
+    case DType::Int32: lo = -2147483648.0, hi = 2147483647.0; return;
+    default: lo = -9.0e15, hi = 9.0e15; return;
   }
 }
 
@@ -182,16 +157,11 @@ struct HostTensor {
 /// `v` rounded to what `dtype` stores (floats round to nearest even; ints are exact here).
 inline double stored_value(DType dtype, double v) {
   switch (dtype) {
-    case DType::Float32:
-      return static_cast<double>(static_cast<float>(v));
-    case DType::Float16:
-      return static_cast<float>(Half(static_cast<float>(v)));
-    case DType::BFloat16:
-      return static_cast<float>(BFloat16(static_cast<float>(v)));
-    case DType::Bool:
-      return v != 0 ? 1.0 : 0.0;
-    default:
-      return v;
+    case DType::Float32: return static_cast<double>(static_cast<float>(v));
+    case DType::Float16: return static_cast<float>(Half(static_cast<float>(v)));
+    case DType::BFloat16: return static_cast<float>(BFloat16(static_cast<float>(v)));
+    case DType::Bool: return v != 0 ? 1.0 : 0.0;
+    default: return v;
   }
 }
 
@@ -226,8 +196,7 @@ inline double draw(const Domain& d, DType dtype, std::mt19937_64& rng, size_t i)
   }
 }
 
-inline HostTensor random_host(const Domain& d, DType dtype, const Shape& shape,
-                              std::mt19937_64& rng) {
+inline HostTensor random_host(const Domain& d, DType dtype, const Shape& shape, std::mt19937_64& rng) {
   HostTensor h{shape, dtype, {}};
   h.values.resize(static_cast<size_t>(kiln::numel(shape)));
   for (size_t i = 0; i < h.values.size(); ++i) h.values[i] = draw(d, dtype, rng, i);
@@ -241,10 +210,8 @@ inline Tensor make_tensor(const HostTensor& h) {
     using T = decltype(tag);
     std::vector<T> v(n);
     for (size_t i = 0; i < n; ++i) {
-      if constexpr (std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>)
-        v[i] = T(static_cast<float>(h.values[i]));
-      else
-        v[i] = static_cast<T>(h.values[i]);
+      if constexpr (std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>) v[i] = T(static_cast<float>(h.values[i]));
+      else v[i] = static_cast<T>(h.values[i]);
     }
     std::vector<unsigned char> bytes(n * sizeof(T) + 1);
     if (n) std::memcpy(bytes.data(), v.data(), n * sizeof(T));
@@ -256,24 +223,15 @@ inline Tensor make_tensor(const HostTensor& h) {
       for (size_t i = 0; i < n; ++i) b[i] = h.values[i] != 0;
       return from_data(b.data(), h.shape, DType::Bool);
     }
-    case DType::Int8:
-      return fill(int8_t{});
-    case DType::UInt8:
-      return fill(uint8_t{});
-    case DType::Int16:
-      return fill(int16_t{});
-    case DType::Int32:
-      return fill(int32_t{});
-    case DType::Int64:
-      return fill(int64_t{});
-    case DType::Float16:
-      return fill(Half{});
-    case DType::BFloat16:
-      return fill(BFloat16{});
-    case DType::Float32:
-      return fill(float{});
-    case DType::Float64:
-      break;
+    case DType::Int8: return fill(int8_t{});
+    case DType::UInt8: return fill(uint8_t{});
+    case DType::Int16: return fill(int16_t{});
+    case DType::Int32: return fill(int32_t{});
+    case DType::Int64: return fill(int64_t{});
+    case DType::Float16: return fill(Half{});
+    case DType::BFloat16: return fill(BFloat16{});
+    case DType::Float32: return fill(float{});
+    case DType::Float64: break;
   }
   return fill(double{});
 }
@@ -332,24 +290,21 @@ double expect_value(const Ref& ref, const RefInt& ref_int, bool ints, DType out,
   return r;
 }
 
-inline std::string compare_all(const std::string& what, const Tensor& y, DType want_dtype,
-                               const Shape& want_shape, const std::vector<double>& want, Tol tol,
+inline std::string compare_all(const std::string& what, const Tensor& y, DType want_dtype, const Shape& want_shape,
+                               const std::vector<double>& want, Tol tol,
                                const std::function<std::string(size_t)>& inputs_at) {
   if (y.dtype() != want_dtype) {
-    return what + ": dtype " + std::string(dtype_name(y.dtype())) + ", expected " +
-           std::string(dtype_name(want_dtype));
+    return what + ": dtype " + std::string(dtype_name(y.dtype())) + ", expected " + std::string(dtype_name(want_dtype));
   }
-  if (y.shape() != want_shape)
-    return what + ": shape " + shape_text(y.shape()) + ", expected " + shape_text(want_shape);
+  if (y.shape() != want_shape) return what + ": shape " + shape_text(y.shape()) + ", expected " + shape_text(want_shape);
   std::vector<double> got = y.to_vector<double>();
   if (got.size() != want.size()) return what + ": wrong element count";
   for (size_t i = 0; i < got.size(); ++i) {
     if (!close(got[i], want[i], tol)) {
       std::ostringstream os;
       os.precision(17);
-      os << what << ": element " << i << " of " << got.size() << " with input(s) " << inputs_at(i)
-         << " gives " << got[i] << ", expected " << want[i] << " (rel " << tol.rel << ", abs "
-         << tol.abs << ")";
+      os << what << ": element " << i << " of " << got.size() << " with input(s) " << inputs_at(i) << " gives "
+         << got[i] << ", expected " << want[i] << " (rel " << tol.rel << ", abs " << tol.abs << ")";
       return os.str();
     }
   }
@@ -371,13 +326,12 @@ inline std::string check_unary(const UnaryCase& c, DType dtype, const Shape& sha
   std::string what = c.name + "(" + std::string(dtype_name(dtype)) + shape_text(shape) + ")";
   try {
     Tensor y = c.build(make_tensor(a));
-    return detail_harness::compare_all(what, y, out, shape, want, tolerance(out, c.precision),
-                                       [&](size_t i) {
-                                         std::ostringstream os;
-                                         os.precision(17);
-                                         os << a.values[i];
-                                         return os.str();
-                                       });
+    return detail_harness::compare_all(what, y, out, shape, want, tolerance(out, c.precision), [&](size_t i) {
+      std::ostringstream os;
+      os.precision(17);
+      os << a.values[i];
+      return os.str();
+    });
   } catch (const std::exception& e) {
     return what + ": threw " + e.what();
   }
@@ -385,8 +339,8 @@ inline std::string check_unary(const UnaryCase& c, DType dtype, const Shape& sha
 
 /// Runs `c` on random inputs of `dtype` with shapes `sa` and `sb` (broadcast together). With
 /// `scalar_side` 1 or 2, that operand is a C++ number (a weak scalar) instead of a tensor.
-inline std::string check_binary(const BinaryCase& c, DType dtype, const Shape& sa, const Shape& sb,
-                                uint64_t seed, int scalar_side = 0) {
+inline std::string check_binary(const BinaryCase& c, DType dtype, const Shape& sa, const Shape& sb, uint64_t seed,
+                                int scalar_side = 0) {
   std::mt19937_64 rng(seed);
   HostTensor a = random_host(c.domain_a, dtype, scalar_side == 1 ? Shape{} : sa, rng);
   HostTensor b = random_host(c.domain_b, dtype, scalar_side == 2 ? Shape{} : sb, rng);
@@ -395,8 +349,7 @@ inline std::string check_binary(const BinaryCase& c, DType dtype, const Shape& s
     double v = h.values[0];
     if (is_floating(dtype)) {
       v = std::round(v * 4) / 4;
-      if (!std::isfinite(v) || (d.nonzero && std::fabs(v) < std::max(d.min_abs, 0.25)) ||
-          v < d.lo || v > d.hi) {
+      if (!std::isfinite(v) || (d.nonzero && std::fabs(v) < std::max(d.min_abs, 0.25)) || v < d.lo || v > d.hi) {
         v = d.lo > 0 ? std::ceil(d.lo * 4) / 4 : d.hi < 0 ? std::floor(d.hi * 4) / 4 : 1.0;
       }
       h.values[0] = v;
@@ -408,10 +361,8 @@ inline std::string check_binary(const BinaryCase& c, DType dtype, const Shape& s
   Shape shape = broadcast_ref(a.shape, b.shape);
   DType out = expected_result(c.result, dtype);
   bool ints = !is_floating(dtype) && c.result != ResultKind::Floating;
-  std::string what =
-      c.name + "(" +
-      (scalar_side == 1 ? "scalar" : std::string(dtype_name(dtype)) + shape_text(sa)) + ", " +
-      (scalar_side == 2 ? "scalar" : std::string(dtype_name(dtype)) + shape_text(sb)) + ")";
+  std::string what = c.name + "(" + (scalar_side == 1 ? "scalar" : std::string(dtype_name(dtype)) + shape_text(sa)) +
+                     ", " + (scalar_side == 2 ? "scalar" : std::string(dtype_name(dtype)) + shape_text(sb)) + ")";
   try {
     Tensor ta = scalar_side == 1 ? as_scalar(a, c.domain_a) : make_tensor(a);
     Tensor tb = scalar_side == 2 ? as_scalar(b, c.domain_b) : make_tensor(b);
@@ -421,21 +372,19 @@ inline std::string check_binary(const BinaryCase& c, DType dtype, const Shape& s
     for (size_t i = 0; i < want.size(); ++i) {
       ia[i] = broadcast_index(a.shape, shape, coord);
       ib[i] = broadcast_index(b.shape, shape, coord);
-      want[i] = detail_harness::expect_value(c.ref, c.ref_int, ints, out, a.values[ia[i]],
-                                             b.values[ib[i]]);
+      want[i] = detail_harness::expect_value(c.ref, c.ref_int, ints, out, a.values[ia[i]], b.values[ib[i]]);
       for (size_t d = shape.size(); d-- > 0;) {
         if (++coord[d] < shape[d]) break;
         coord[d] = 0;
       }
     }
     Tensor y = c.build(ta, tb);
-    return detail_harness::compare_all(what, y, out, shape, want, tolerance(out, c.precision),
-                                       [&](size_t i) {
-                                         std::ostringstream os;
-                                         os.precision(17);
-                                         os << a.values[ia[i]] << ", " << b.values[ib[i]];
-                                         return os.str();
-                                       });
+    return detail_harness::compare_all(what, y, out, shape, want, tolerance(out, c.precision), [&](size_t i) {
+      std::ostringstream os;
+      os.precision(17);
+      os << a.values[ia[i]] << ", " << b.values[ib[i]];
+      return os.str();
+    });
   } catch (const std::exception& e) {
     return what + ": threw " + e.what();
   }
@@ -459,81 +408,67 @@ inline const std::vector<UnaryCase>& unary_cases() {
        [](int64_t a) { return -a; }, with_specials, numeric(), K::Same, P::Exact},
       {"abs", [](const Tensor& x) { return abs(x); }, [](double a) { return std::fabs(a); },
        [](int64_t a) { return a < 0 ? -a : a; }, with_specials, any_dtype(), K::Same, P::Exact},
-      {"sign", [](const Tensor& x) { return sign(x); }, sign_of, nullptr, with_specials,
-       any_dtype(), K::Same, P::Exact},
-      {"exp", [](const Tensor& x) { return exp(x); }, [](double a) { return std::exp(a); }, nullptr,
-       dom(-4, 4), any_dtype(), K::Floating, P::Transcendental},
-      {"exp2", [](const Tensor& x) { return exp2(x); }, [](double a) { return std::pow(2.0, a); },
-       nullptr, dom(-6, 6), any_dtype(), K::Floating, P::Transcendental},
-      {"log", [](const Tensor& x) { return log(x); }, [](double a) { return std::log(a); }, nullptr,
-       positive, any_dtype(), K::Floating, P::Transcendental},
-      {"log2", [](const Tensor& x) { return log2(x); },
-       [](double a) { return std::log(a) / std::log(2.0); }, nullptr, positive, any_dtype(),
-       K::Floating, P::Transcendental},
-      {"log1p", [](const Tensor& x) { return log1p(x); }, [](double a) { return std::log1p(a); },
-       nullptr, dom(-0.875, 6), any_dtype(), K::Floating, P::Transcendental},
-      {"expm1", [](const Tensor& x) { return expm1(x); }, [](double a) { return std::expm1(a); },
-       nullptr, dom(-4, 4), any_dtype(), K::Floating, P::Transcendental},
-      {"sqrt", [](const Tensor& x) { return sqrt(x); }, [](double a) { return std::sqrt(a); },
+      {"sign", [](const Tensor& x) { return sign(x); }, sign_of, nullptr, with_specials, any_dtype(), K::Same,
+       P::Exact},
+      {"exp", [](const Tensor& x) { return exp(x); }, [](double a) { return std::exp(a); }, nullptr, dom(-4, 4),
+       any_dtype(), K::Floating, P::Transcendental},
+      {"exp2", [](const Tensor& x) { return exp2(x); }, [](double a) { return std::pow(2.0, a); }, nullptr,
+       dom(-6, 6), any_dtype(), K::Floating, P::Transcendental},
+      {"log", [](const Tensor& x) { return log(x); }, [](double a) { return std::log(a); }, nullptr, positive,
+       any_dtype(), K::Floating, P::Transcendental},
+      {"log2", [](const Tensor& x) { return log2(x); }, [](double a) { return std::log(a) / std::log(2.0); },
        nullptr, positive, any_dtype(), K::Floating, P::Transcendental},
-      {"rsqrt", [](const Tensor& x) { return rsqrt(x); },
-       [](double a) { return 1.0 / std::sqrt(a); }, nullptr, positive, any_dtype(), K::Floating,
-       P::Transcendental},
-      {"reciprocal", [](const Tensor& x) { return reciprocal(x); },
-       [](double a) { return 1.0 / a; }, nullptr, dom(-8, 8), any_dtype(), K::Floating, P::Simple},
-      {"sin", [](const Tensor& x) { return sin(x); }, [](double a) { return std::sin(a); }, nullptr,
-       dom(-3, 3), any_dtype(), K::Floating, P::Transcendental},
-      {"cos", [](const Tensor& x) { return cos(x); }, [](double a) { return std::cos(a); }, nullptr,
-       dom(-3, 3), any_dtype(), K::Floating, P::Transcendental},
+      {"log1p", [](const Tensor& x) { return log1p(x); }, [](double a) { return std::log1p(a); }, nullptr,
+       dom(-0.875, 6), any_dtype(), K::Floating, P::Transcendental},
+      {"expm1", [](const Tensor& x) { return expm1(x); }, [](double a) { return std::expm1(a); }, nullptr,
+       dom(-4, 4), any_dtype(), K::Floating, P::Transcendental},
+      {"sqrt", [](const Tensor& x) { return sqrt(x); }, [](double a) { return std::sqrt(a); }, nullptr, positive,
+       any_dtype(), K::Floating, P::Transcendental},
+      {"rsqrt", [](const Tensor& x) { return rsqrt(x); }, [](double a) { return 1.0 / std::sqrt(a); }, nullptr,
+       positive, any_dtype(), K::Floating, P::Transcendental},
+      {"reciprocal", [](const Tensor& x) { return reciprocal(x); }, [](double a) { return 1.0 / a; }, nullptr,
+       dom(-8, 8), any_dtype(), K::Floating, P::Simple},
+      {"sin", [](const Tensor& x) { return sin(x); }, [](double a) { return std::sin(a); }, nullptr, dom(-3, 3),
+       any_dtype(), K::Floating, P::Transcendental},
+      {"cos", [](const Tensor& x) { return cos(x); }, [](double a) { return std::cos(a); }, nullptr, dom(-3, 3),
+       any_dtype(), K::Floating, P::Transcendental},
       {"tan", [](const Tensor& x) { return tan(x); }, [](double a) { return std::tan(a); }, nullptr,
        dom(-1.25, 1.25), any_dtype(), K::Floating, P::Transcendental},
-      {"tanh", [](const Tensor& x) { return tanh(x); }, [](double a) { return std::tanh(a); },
-       nullptr, dom(-3, 3), any_dtype(), K::Floating, P::Transcendental},
-      {"sigmoid", [](const Tensor& x) { return sigmoid(x); },
-       [](double a) { return 0.5 * (1.0 + std::tanh(a / 2)); }, nullptr, dom(-6, 6), any_dtype(),
-       K::Floating, P::Transcendental},
-      {"erf", [](const Tensor& x) { return erf(x); }, [](double a) { return std::erf(a); }, nullptr,
-       dom(-2.5, 2.5), any_dtype(), K::Floating, P::Transcendental},
-      {"floor", [](const Tensor& x) { return floor(x); }, [](double a) { return std::floor(a); },
-       nullptr, with_specials, numeric(), K::Same, P::Exact},
-      {"ceil", [](const Tensor& x) { return ceil(x); }, [](double a) { return std::ceil(a); },
-       nullptr, with_specials, numeric(), K::Same, P::Exact},
-      {"round", [](const Tensor& x) { return round(x); }, round_half_even, nullptr, with_specials,
-       numeric(), K::Same, P::Exact},
-      {"trunc", [](const Tensor& x) { return trunc(x); }, [](double a) { return std::trunc(a); },
-       nullptr, with_specials, numeric(), K::Same, P::Exact},
-      {"logical_not", [](const Tensor& x) { return logical_not(x); },
-       [](double a) { return a == 0.0 ? 1.0 : 0.0; }, nullptr,
-       [] {
+      {"tanh", [](const Tensor& x) { return tanh(x); }, [](double a) { return std::tanh(a); }, nullptr, dom(-3, 3),
+       any_dtype(), K::Floating, P::Transcendental},
+      {"sigmoid", [](const Tensor& x) { return sigmoid(x); }, [](double a) { return 0.5 * (1.0 + std::tanh(a / 2)); },
+       nullptr, dom(-6, 6), any_dtype(), K::Floating, P::Transcendental},
+      {"erf", [](const Tensor& x) { return erf(x); }, [](double a) { return std::erf(a); }, nullptr, dom(-2.5, 2.5),
+       any_dtype(), K::Floating, P::Transcendental},
+      {"floor", [](const Tensor& x) { return floor(x); }, [](double a) { return std::floor(a); }, nullptr,
+       with_specials, numeric(), K::Same, P::Exact},
+      {"ceil", [](const Tensor& x) { return ceil(x); }, [](double a) { return std::ceil(a); }, nullptr,
+       with_specials, numeric(), K::Same, P::Exact},
+      {"round", [](const Tensor& x) { return round(x); }, round_half_even, nullptr, with_specials, numeric(),
+       K::Same, P::Exact},
+      {"trunc", [](const Tensor& x) { return trunc(x); }, [](double a) { return std::trunc(a); }, nullptr,
+       with_specials, numeric(), K::Same, P::Exact},
+      {"logical_not", [](const Tensor& x) { return logical_not(x); }, [](double a) { return a == 0.0 ? 1.0 : 0.0; },
+       nullptr, [] {
          Domain d;
          d.lo = -1, d.hi = 1, d.nonzero = false, d.integral = true, d.specials = true;
          return d;
        }(),
        any_dtype(), K::Bool, P::Exact},
-      {"bitwise_not", [](const Tensor& x) { return bitwise_not(x); }, nullptr,
-       [](int64_t a) { return ~a; }, dom(-100, 100, false), ints(), K::Same, P::Exact},
+      {"bitwise_not", [](const Tensor& x) { return bitwise_not(x); }, nullptr, [](int64_t a) { return ~a; },
+       dom(-100, 100, false), ints(), K::Same, P::Exact},
       // On bool, ~ is logical not (the integer complement of true would read back as true).
-      {"bitwise_not(bool)",
-       [](const Tensor& x) { return bitwise_not(x); },
-       nullptr,
-       [](int64_t a) -> int64_t { return a == 0; },
-       dom(0, 1, false),
-       {DType::Bool},
-       K::Same,
-       P::Exact},
-      {"isnan", [](const Tensor& x) { return isnan(x); },
-       [](double a) { return std::isnan(a) ? 1.0 : 0.0; }, nullptr, with_specials, any_dtype(),
-       K::Bool, P::Exact},
-      {"isinf", [](const Tensor& x) { return isinf(x); },
-       [](double a) { return std::isinf(a) ? 1.0 : 0.0; }, nullptr, with_specials, any_dtype(),
-       K::Bool, P::Exact},
-      {"square", [](const Tensor& x) { return square(x); }, [](double a) { return a * a; }, nullptr,
-       dom(-11, 11), any_dtype(), K::Same, P::Simple},
+      {"bitwise_not(bool)", [](const Tensor& x) { return bitwise_not(x); }, nullptr,
+       [](int64_t a) -> int64_t { return a == 0; }, dom(0, 1, false), {DType::Bool}, K::Same, P::Exact},
+      {"isnan", [](const Tensor& x) { return isnan(x); }, [](double a) { return std::isnan(a) ? 1.0 : 0.0; },
+       nullptr, with_specials, any_dtype(), K::Bool, P::Exact},
+      {"isinf", [](const Tensor& x) { return isinf(x); }, [](double a) { return std::isinf(a) ? 1.0 : 0.0; },
+       nullptr, with_specials, any_dtype(), K::Bool, P::Exact},
+      {"square", [](const Tensor& x) { return square(x); }, [](double a) { return a * a; }, nullptr, dom(-11, 11),
+       any_dtype(), K::Same, P::Simple},
       {"relu", [](const Tensor& x) { return relu(x); },
-       [](double a) { return std::isnan(a) ? a
-                             : a > 0       ? a
-                                           : 0.0; }, nullptr, with_specials,
-       any_dtype(), K::Same, P::Exact},
+       [](double a) { return std::isnan(a) ? a : a > 0 ? a : 0.0; }, nullptr, with_specials, any_dtype(), K::Same,
+       P::Exact},
   };
   return cases;
 }
@@ -541,8 +476,7 @@ inline const std::vector<UnaryCase>& unary_cases() {
 inline const std::vector<BinaryCase>& binary_cases() {
   using P = Precision;
   using K = ResultKind;
-  auto dom = [](double lo, double hi, bool nonzero = true, bool specials = false,
-                bool integral = false) {
+  auto dom = [](double lo, double hi, bool nonzero = true, bool specials = false, bool integral = false) {
     Domain d;
     d.lo = lo, d.hi = hi, d.nonzero = nonzero, d.specials = specials, d.integral = integral;
     return d;
@@ -552,22 +486,18 @@ inline const std::vector<BinaryCase>& binary_cases() {
   // Logical ops need zeros to mean anything, so this domain keeps them.
   Domain logic = dom(-2, 2, false, true, true);
   static const std::vector<BinaryCase> cases = {
-      {"add", [](const Tensor& a, const Tensor& b) { return a + b; },
-       [](double a, double b) { return a + b; }, nullptr, dom(-100, 100, true, true),
-       dom(-100, 100, true, true), any_dtype(), K::Same, P::Simple},
-      {"sub", [](const Tensor& a, const Tensor& b) { return a - b; },
-       [](double a, double b) { return a - b; }, nullptr, dom(-100, 100), dom(-100, 100), numeric(),
-       K::Same, P::Simple},
-      {"mul", [](const Tensor& a, const Tensor& b) { return a * b; },
-       [](double a, double b) { return a * b; }, nullptr, dom(-20, 20, true, true), dom(-20, 20),
-       any_dtype(), K::Same, P::Simple},
-      {"div", [](const Tensor& a, const Tensor& b) { return a / b; },
-       [](double a, double b) { return a / b; }, nullptr, dom(-10, 10), dom(-10, 10), any_dtype(),
-       K::Floating, P::Simple},
-      {"floor_div", [](const Tensor& a, const Tensor& b) { return floor_div(a, b); }, py_floordiv,
-       nullptr, dom(-20, 20), dom(-6, 6), numeric(), K::Same, P::Exact},
-      {"mod", [](const Tensor& a, const Tensor& b) { return a % b; }, py_mod, nullptr, dom(-20, 20),
-       dom(-6, 6), numeric(), K::Same, P::Simple},
+      {"add", [](const Tensor& a, const Tensor& b) { return a + b; }, [](double a, double b) { return a + b; },
+       nullptr, dom(-100, 100, true, true), dom(-100, 100, true, true), any_dtype(), K::Same, P::Simple},
+      {"sub", [](const Tensor& a, const Tensor& b) { return a - b; }, [](double a, double b) { return a - b; },
+       nullptr, dom(-100, 100), dom(-100, 100), numeric(), K::Same, P::Simple},
+      {"mul", [](const Tensor& a, const Tensor& b) { return a * b; }, [](double a, double b) { return a * b; },
+       nullptr, dom(-20, 20, true, true), dom(-20, 20), any_dtype(), K::Same, P::Simple},
+      {"div", [](const Tensor& a, const Tensor& b) { return a / b; }, [](double a, double b) { return a / b; },
+       nullptr, dom(-10, 10), dom(-10, 10), any_dtype(), K::Floating, P::Simple},
+      {"floor_div", [](const Tensor& a, const Tensor& b) { return floor_div(a, b); }, py_floordiv, nullptr,
+       dom(-20, 20), dom(-6, 6), numeric(), K::Same, P::Exact},
+      {"mod", [](const Tensor& a, const Tensor& b) { return a % b; }, py_mod, nullptr, dom(-20, 20), dom(-6, 6),
+       numeric(), K::Same, P::Simple},
       {"pow", [](const Tensor& a, const Tensor& b) { return pow(a, b); },
        [](double a, double b) { return std::pow(a, b); },
        // Integers: a^b by repeated multiplication; for b < 0 the true value 1/a^|b| truncated
@@ -579,69 +509,54 @@ inline const std::vector<BinaryCase>& binary_cases() {
          return r;
        },
        dom(0.5, 3), dom(-2, 2, false), numeric(), K::Same, P::Transcendental},
-      {"maximum", [](const Tensor& a, const Tensor& b) { return maximum(a, b); }, nan_aware_max,
-       nullptr, dom(-10, 10, true, true), dom(-10, 10, true, true), any_dtype(), K::Same, P::Exact},
-      {"minimum", [](const Tensor& a, const Tensor& b) { return minimum(a, b); }, nan_aware_min,
-       nullptr, dom(-10, 10, true, true), dom(-10, 10, true, true), any_dtype(), K::Same, P::Exact},
-      {"eq", [](const Tensor& a, const Tensor& b) { return a == b; },
-       [](double a, double b) { return double(a == b); }, nullptr, cmp, cmp, any_dtype(), K::Bool,
-       P::Exact},
-      {"ne", [](const Tensor& a, const Tensor& b) { return a != b; },
-       [](double a, double b) { return double(a != b); }, nullptr, cmp, cmp, any_dtype(), K::Bool,
-       P::Exact},
-      {"lt", [](const Tensor& a, const Tensor& b) { return a < b; },
-       [](double a, double b) { return double(a < b); }, nullptr, cmp, cmp, any_dtype(), K::Bool,
-       P::Exact},
-      {"le", [](const Tensor& a, const Tensor& b) { return a <= b; },
-       [](double a, double b) { return double(a <= b); }, nullptr, cmp, cmp, any_dtype(), K::Bool,
-       P::Exact},
-      {"gt", [](const Tensor& a, const Tensor& b) { return a > b; },
-       [](double a, double b) { return double(a > b); }, nullptr, cmp, cmp, any_dtype(), K::Bool,
-       P::Exact},
-      {"ge", [](const Tensor& a, const Tensor& b) { return a >= b; },
-       [](double a, double b) { return double(a >= b); }, nullptr, cmp, cmp, any_dtype(), K::Bool,
-       P::Exact},
+      {"maximum", [](const Tensor& a, const Tensor& b) { return maximum(a, b); }, nan_aware_max, nullptr,
+       dom(-10, 10, true, true), dom(-10, 10, true, true), any_dtype(), K::Same, P::Exact},
+      {"minimum", [](const Tensor& a, const Tensor& b) { return minimum(a, b); }, nan_aware_min, nullptr,
+       dom(-10, 10, true, true), dom(-10, 10, true, true), any_dtype(), K::Same, P::Exact},
+      {"eq", [](const Tensor& a, const Tensor& b) { return a == b; }, [](double a, double b) { return double(a == b); },
+       nullptr, cmp, cmp, any_dtype(), K::Bool, P::Exact},
+      {"ne", [](const Tensor& a, const Tensor& b) { return a != b; }, [](double a, double b) { return double(a != b); },
+       nullptr, cmp, cmp, any_dtype(), K::Bool, P::Exact},
+      {"lt", [](const Tensor& a, const Tensor& b) { return a < b; }, [](double a, double b) { return double(a < b); },
+       nullptr, cmp, cmp, any_dtype(), K::Bool, P::Exact},
+      {"le", [](const Tensor& a, const Tensor& b) { return a <= b; }, [](double a, double b) { return double(a <= b); },
+       nullptr, cmp, cmp, any_dtype(), K::Bool, P::Exact},
+      {"gt", [](const Tensor& a, const Tensor& b) { return a > b; }, [](double a, double b) { return double(a > b); },
+       nullptr, cmp, cmp, any_dtype(), K::Bool, P::Exact},
+      {"ge", [](const Tensor& a, const Tensor& b) { return a >= b; }, [](double a, double b) { return double(a >= b); },
+       nullptr, cmp, cmp, any_dtype(), K::Bool, P::Exact},
       {"logical_and", [](const Tensor& a, const Tensor& b) { return logical_and(a, b); },
-       [](double a, double b) { return truthy(a) * truthy(b); }, nullptr, logic, logic, any_dtype(),
-       K::Bool, P::Exact},
+       [](double a, double b) { return truthy(a) * truthy(b); }, nullptr, logic, logic, any_dtype(), K::Bool, P::Exact},
       {"logical_or", [](const Tensor& a, const Tensor& b) { return logical_or(a, b); },
-       [](double a, double b) { return std::max(truthy(a), truthy(b)); }, nullptr, logic, logic,
-       any_dtype(), K::Bool, P::Exact},
+       [](double a, double b) { return std::max(truthy(a), truthy(b)); }, nullptr, logic, logic, any_dtype(), K::Bool,
+       P::Exact},
       {"logical_xor", [](const Tensor& a, const Tensor& b) { return logical_xor(a, b); },
-       [](double a, double b) { return double(truthy(a) != truthy(b)); }, nullptr, logic, logic,
-       any_dtype(), K::Bool, P::Exact},
+       [](double a, double b) { return double(truthy(a) != truthy(b)); }, nullptr, logic, logic, any_dtype(), K::Bool,
+       P::Exact},
       {"bitwise_and", [](const Tensor& a, const Tensor& b) { return a & b; }, nullptr,
-       [](int64_t a, int64_t b) { return a & b; }, dom(-100, 100, false), dom(-100, 100, false),
-       ints_and_bool(), K::Same, P::Exact},
+       [](int64_t a, int64_t b) { return a & b; }, dom(-100, 100, false), dom(-100, 100, false), ints_and_bool(),
+       K::Same, P::Exact},
       {"bitwise_or", [](const Tensor& a, const Tensor& b) { return a | b; }, nullptr,
-       [](int64_t a, int64_t b) { return a | b; }, dom(-100, 100, false), dom(-100, 100, false),
-       ints_and_bool(), K::Same, P::Exact},
+       [](int64_t a, int64_t b) { return a | b; }, dom(-100, 100, false), dom(-100, 100, false), ints_and_bool(),
+       K::Same, P::Exact},
       {"bitwise_xor", [](const Tensor& a, const Tensor& b) { return a ^ b; }, nullptr,
-       [](int64_t a, int64_t b) { return a ^ b; }, dom(-100, 100, false), dom(-100, 100, false),
-       ints_and_bool(), K::Same, P::Exact},
+       [](int64_t a, int64_t b) { return a ^ b; }, dom(-100, 100, false), dom(-100, 100, false), ints_and_bool(),
+       K::Same, P::Exact},
   };
   return cases;
 }
 
 /// Shapes of ranks 0-5 for unary cases, including an empty one.
 inline const std::vector<Shape>& unary_shapes() {
-  static const std::vector<Shape> s = {{},        {7},          {3, 4},         {0, 3},
-                                       {2, 3, 4}, {2, 1, 3, 2}, {2, 2, 1, 3, 2}};
+  static const std::vector<Shape> s = {{}, {7}, {3, 4}, {0, 3}, {2, 3, 4}, {2, 1, 3, 2}, {2, 2, 1, 3, 2}};
   return s;
 }
 /// Operand shape pairs of ranks 0-5: equal, broadcasting both ways, rank-0, zero-size.
 inline const std::vector<std::pair<Shape, Shape>>& binary_shapes() {
   static const std::vector<std::pair<Shape, Shape>> s = {
-      {{}, {}},
-      {{5}, {5}},
-      {{4}, {}},
-      {{}, {2, 3}},
-      {{3, 1}, {1, 4}},
-      {{2, 1, 3}, {3}},
-      {{0, 3}, {1, 3}},
-      {{2, 3, 4}, {2, 3, 4}},
-      {{2, 1, 3, 1}, {1, 4, 1, 2}},
-      {{2, 1, 2, 1, 3}, {3, 2, 1, 3}},
+      {{}, {}},         {{5}, {5}},          {{4}, {}},           {{}, {2, 3}},
+      {{3, 1}, {1, 4}}, {{2, 1, 3}, {3}},    {{0, 3}, {1, 3}},    {{2, 3, 4}, {2, 3, 4}},
+      {{2, 1, 3, 1}, {1, 4, 1, 2}},          {{2, 1, 2, 1, 3}, {3, 2, 1, 3}},
   };
   return s;
 }
@@ -1296,18 +1211,18 @@ inline const std::vector<GradCase>& grad_cases() {
                  "conv1d",
                  {in({2, 2, 7}), in({3, 2, 2}), in({3})},
                  [](const V& x) { return F::conv1d(x[0], x[1], x[2], 2, 1, 2); }});
-    c.push_back({"conv1d/groups unbatched", "conv1d", {in({4, 5}), in({2, 2, 3})}, [](const V& x) {
-                   return F::conv1d(x[0], x[1], Tensor(), 1, 0, 1, 2);
-                 }});
+    c.push_back({"conv1d/groups unbatched", "conv1d", {in({4, 5}), in({2, 2, 3})},
+                 [](const V& x) { return F::conv1d(x[0], x[1], Tensor(), 1, 0, 1, 2); }});
     c.push_back({"conv_transpose2d/stride padding output_padding bias",
                  "conv_transpose2d",
                  {in({1, 2, 3, 3}), in({2, 3, 2, 2}), in({3})},
                  [](const V& x) { return F::conv_transpose2d(x[0], x[1], x[2], 2, 1, 1); }});
-    c.push_back(
-        {"conv_transpose2d/groups dilation",
-         "conv_transpose2d",
-         {in({2, 4, 2, 3}), in({4, 1, 2, 2})},
-         [](const V& x) { return F::conv_transpose2d(x[0], x[1], Tensor(), 1, 0, 0, 2, 2); }});
+    c.push_back({"conv_transpose2d/groups dilation",
+                 "conv_transpose2d",
+                 {in({2, 4, 2, 3}), in({4, 1, 2, 2})},
+                 [](const V& x) {
+                   return F::conv_transpose2d(x[0], x[1], Tensor(), 1, 0, 0, 2, 2);
+                 }});
     // kiln's max_pool2d shares a window's gradient among tied maxima (its max is torch.amax);
     // torch's max_pool2d gives it all to the first maximum.
     c.push_back({"max_pool2d",
@@ -1360,31 +1275,28 @@ inline const std::vector<GradCase>& grad_cases() {
     c.push_back({"layer_norm/two axes", "layer_norm", {in({2, 3, 4})}, [](const V& x) {
                    return F::layer_norm(x[0], {3, 4});
                  }});
-    c.push_back(
-        {"layer_norm/size-1 axis", "layer_norm", {in({3, 1}), in({1}), in({1})}, [](const V& x) {
-           return F::layer_norm(x[0], {1}, x[1], x[2]);
-         }});
-    c.push_back(
-        {"group_norm/affine", "group_norm", {in({2, 4, 3}), in({4}), in({4})}, [](const V& x) {
-           return F::group_norm(x[0], 2, x[1], x[2]);
-         }});
-    c.push_back(
-        {"group_norm/one group per channel", "group_norm", {in({1, 3, 2, 2})}, [](const V& x) {
-           return F::group_norm(x[0], 3);
-         }});
-    c.push_back(
-        {"instance_norm/affine",
-         "instance_norm",
-         {in({2, 3, 2, 2}), in({3}), in({3})},
-         [](const V& x) { return F::instance_norm(x[0], Tensor(), Tensor(), x[1], x[2]); }});
-    c.push_back(
-        {"instance_norm/running statistics in eval",
-         "instance_norm",
-         {in({2, 2, 3})},
-         [](const V& x) {
-           Tensor rm = from_vector<double>({0.5, -0.25}), rv = from_vector<double>({2.0, 0.5});
-           return F::instance_norm(x[0], rm, rv, Tensor(), Tensor(), false);
-         }});
+    c.push_back({"layer_norm/size-1 axis", "layer_norm", {in({3, 1}), in({1}), in({1})},
+                 [](const V& x) { return F::layer_norm(x[0], {1}, x[1], x[2]); }});
+    c.push_back({"group_norm/affine",
+                 "group_norm",
+                 {in({2, 4, 3}), in({4}), in({4})},
+                 [](const V& x) { return F::group_norm(x[0], 2, x[1], x[2]); }});
+    c.push_back({"group_norm/one group per channel", "group_norm", {in({1, 3, 2, 2})},
+                 [](const V& x) { return F::group_norm(x[0], 3); }});
+    c.push_back({"instance_norm/affine",
+                 "instance_norm",
+                 {in({2, 3, 2, 2}), in({3}), in({3})},
+                 [](const V& x) {
+                   return F::instance_norm(x[0], Tensor(), Tensor(), x[1], x[2]);
+                 }});
+    c.push_back({"instance_norm/running statistics in eval",
+                 "instance_norm",
+                 {in({2, 2, 3})},
+                 [](const V& x) {
+                   Tensor rm = from_vector<double>({0.5, -0.25}),
+                          rv = from_vector<double>({2.0, 0.5});
+                   return F::instance_norm(x[0], rm, rv, Tensor(), Tensor(), false);
+                 }});
     c.push_back({"embedding", "embedding", {in({5, 3})}, [idx](const V& x) {
                    return F::embedding(idx({1, 3, 1, 0, 4, 1}, {2, 3}), x[0]);
                  }});
@@ -1414,12 +1326,8 @@ inline const std::vector<GradCase>& grad_cases() {
 
     // --- losses ---
     // A masked (-inf) logit of another class has probability 0 and gradient 0.
-    c.push_back({"cross_entropy/indices",
-                 "cross_entropy",
-                 {in({3, 4})},
-                 [idx](const V& x) {
-                   return nn::cross_entropy(x[0], idx({0, 3, 1}, {3}));
-                 },
+    c.push_back({"cross_entropy/indices", "cross_entropy", {in({3, 4})},
+                 [idx](const V& x) { return nn::cross_entropy(x[0], idx({0, 3, 1}, {3})); },
                  {{"-inf logits", {{0.5, -inf, 1, 2, -inf, 0, 1, 3, 1, 2, -inf, 0}}}}});
     c.push_back({"cross_entropy/weights smoothing ignore",
                  "cross_entropy",
