@@ -27,10 +27,12 @@ void check_defined(const char* op, const Tensor& x) {
 void check_reduction(const char* op, const Tensor& x, ReduceOp reduce) {
   check_defined(op, x);
   const DType d = x.dtype();
-  if (d != DType::Float32 && d != DType::Float64 && d != DType::BFloat16 &&
-      d != DType::Float16 && d != DType::Int64) {
-    throw DTypeError(tag(op) + "reduces float32, float64, bfloat16, float16 and int64 tensors, "
-                     "got " + describe(x));
+  if (d != DType::Float32 && d != DType::Float64 && d != DType::BFloat16 && d != DType::Float16 &&
+      d != DType::Int64) {
+    throw DTypeError(tag(op) +
+                     "reduces float32, float64, bfloat16, float16 and int64 tensors, "
+                     "got " +
+                     describe(x));
   }
   if (reduce == ReduceOp::Average && !is_floating(d)) {
     throw DTypeError(tag(op) + "average needs a floating dtype, got " + describe(x) +
@@ -42,7 +44,8 @@ void check_reduction(const char* op, const Tensor& x, ReduceOp reduce) {
 // header), so later graphs read them like any other constant.
 Tensor constant_from(std::shared_ptr<Buffer> buffer, const Shape& shape, DType dtype,
                      Device device) {
-  auto node = std::make_shared<Node>(OpCode::Constant, std::vector<NodePtr>{}, shape, dtype, device);
+  auto node =
+      std::make_shared<Node>(OpCode::Constant, std::vector<NodePtr>{}, shape, dtype, device);
   node->origin = "dist";
   node->buffer = std::move(buffer);
   return Tensor(std::move(node));
@@ -116,7 +119,8 @@ void Communicator::wait(Work& work, const std::string& what) {
       char seconds[32];
       std::snprintf(seconds, sizeof seconds, "%g", limit);
       throw TimeoutError(tag(op.c_str()) + where() + ": " + what + " did not complete within " +
-                         seconds + " s (KILN_DIST_TIMEOUT): another rank failed, stalled or "
+                         seconds +
+                         " s (KILN_DIST_TIMEOUT): another rank failed, stalled or "
                          "called a different collective; the job cannot continue");
     }
   }
@@ -230,8 +234,10 @@ Tensor Communicator::reduce_scatter(const Tensor& x, ReduceOp op) {
 Tensor Communicator::all_gather(const Tensor& x) {
   check_defined("all_gather", x);
   if (x.ndim() < 1) {
-    throw ShapeError(tag("all_gather") + "concatenates along axis 0, so it needs a tensor of "
-                     "rank >= 1, got " + describe(x) + "; reshape it to [1]");
+    throw ShapeError(tag("all_gather") +
+                     "concatenates along axis 0, so it needs a tensor of "
+                     "rank >= 1, got " +
+                     describe(x) + "; reshape it to [1]");
   }
   Communicator* c = route("all_gather", x.device());
   check_same_on_all_ranks("all_gather", x, 0);
@@ -366,8 +372,11 @@ void abort(const std::string& why, int code) {
 Session::Session() : comm_(&world()), exceptions_(std::uncaught_exceptions()) {}
 
 Session::~Session() {
-  if (std::uncaught_exceptions() > exceptions_) {
-    dist::abort(comm_->where() + ": an exception is leaving dist::Session's scope; aborting "
+  // Alone, a rank can leave with its exception (the caller reports it); in a job the others
+  // would wait for it in their next collective.
+  if (std::uncaught_exceptions() > exceptions_ && comm_->size() > 1) {
+    dist::abort(comm_->where() +
+                ": an exception is leaving dist::Session's scope; aborting "
                 "the job so that the other ranks do not wait");
   }
   finalize();

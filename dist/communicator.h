@@ -170,7 +170,8 @@ void finalize();
 [[noreturn]] void abort(const std::string& why, int code = 1);
 
 /// Starts the job's communicator (world()) and finalizes it when it goes out of scope; if
-/// an exception leaves the scope, the whole job is aborted instead so no rank hangs.
+/// an exception leaves the scope of a job of several ranks, the whole job is aborted
+/// instead so that no rank hangs (catch it inside and call dist::abort to print it).
 class Session {
  public:
   Session();

@@ -66,8 +66,7 @@ void DataParallel::check_same_model() {
     h = fnv1a(p.shape().data(), p.shape().size() * sizeof(int64_t), h);
   }
   const std::vector<int64_t> hashes = gather_int64(*comm_, static_cast<int64_t>(h));
-  const std::vector<int64_t> counts =
-      gather_int64(*comm_, static_cast<int64_t>(params_.size()));
+  const std::vector<int64_t> counts = gather_int64(*comm_, static_cast<int64_t>(params_.size()));
   std::string differ;
   for (int r = 1; r < comm_->size(); ++r) {
     if (hashes[r] != hashes[0]) {
@@ -76,7 +75,8 @@ void DataParallel::check_same_model() {
     }
   }
   if (!differ.empty()) {
-    throw DistError("[DataParallel] " + comm_->where() + ": every rank must wrap a module with "
+    throw DistError("[DataParallel] " + comm_->where() +
+                    ": every rank must wrap a module with "
                     "the same parameter shapes, dtypes and devices; rank 0 (" +
                     std::to_string(counts[0]) + " parameters) differs from " + differ);
   }
@@ -115,7 +115,8 @@ void DataParallel::synchronize_gradients() {
   eval(flats);
   std::vector<PendingTensor> pending;
   pending.reserve(flats.size());
-  for (const Tensor& flat : flats) pending.push_back(comm_->all_reduce_async(flat, ReduceOp::Average));
+  for (const Tensor& flat : flats)
+    pending.push_back(comm_->all_reduce_async(flat, ReduceOp::Average));
   for (size_t b = 0; b < buckets_.size(); ++b) {
     const Tensor average = pending[b].wait();
     int64_t offset = 0;

@@ -49,7 +49,8 @@ int g_rank = 0, g_size = 1;
 std::string mpi_error(int code) {
   char text[MPI_MAX_ERROR_STRING];
   int length = 0;
-  if (MPI_Error_string(code, text, &length) != MPI_SUCCESS) return "MPI error " + std::to_string(code);
+  if (MPI_Error_string(code, text, &length) != MPI_SUCCESS)
+    return "MPI error " + std::to_string(code);
   return std::string(text, static_cast<size_t>(length));
 }
 
@@ -82,7 +83,8 @@ void on_terminate() {
 // others waiting in their next collective; ending the job names the rank instead.
 void on_exit() {
   if (!g_running) return;
-  dist::abort(where() + ": the process is exiting without dist::finalize() (an exit() or a "
+  dist::abort(where() +
+              ": the process is exiting without dist::finalize() (an exit() or a "
               "return from main while the job runs; end with dist::finalize() or a "
               "dist::Session); aborting the job so that the other ranks do not wait");
 }
@@ -203,7 +205,8 @@ class MpiCommunicator : public Communicator {
     MpiWork* p = w.get();
     const MPI_Datatype type = reduce_type(dtype);
     w->steps.push_back([=, this](MPI_Request* r) {
-      return MPI_Ireduce_scatter_block(p->stage.data(), p->shard.data(), n, type, MPI_SUM, comm_, r);
+      return MPI_Ireduce_scatter_block(p->stage.data(), p->shard.data(), n, type, MPI_SUM, comm_,
+                                       r);
     });
     w->steps.push_back([=, this](MPI_Request* r) {
       if (op == ReduceOp::Average) divide(p->shard.data(), block, dtype, size_);
@@ -213,8 +216,8 @@ class MpiCommunicator : public Communicator {
     return w;
   }
 
-  std::unique_ptr<Work> start_reduce_scatter(const void* in, void* out, int64_t count,
-                                             DType dtype, ReduceOp op) override {
+  std::unique_ptr<Work> start_reduce_scatter(const void* in, void* out, int64_t count, DType dtype,
+                                             ReduceOp op) override {
     auto w = std::make_unique<MpiWork>(describe("reduce_scatter", count * size_, dtype));
     const int n = checked_count(count, "reduce_scatter");
     if (dtype == DType::Int64) {
@@ -230,7 +233,8 @@ class MpiCommunicator : public Communicator {
     MpiWork* p = w.get();
     const MPI_Datatype type = reduce_type(dtype);
     w->steps.push_back([=, this](MPI_Request* r) {
-      return MPI_Ireduce_scatter_block(p->stage.data(), p->shard.data(), n, type, MPI_SUM, comm_, r);
+      return MPI_Ireduce_scatter_block(p->stage.data(), p->shard.data(), n, type, MPI_SUM, comm_,
+                                       r);
     });
     w->finish = [=, this] {
       if (op == ReduceOp::Average) divide(p->shard.data(), count, dtype, size_);
@@ -257,9 +261,8 @@ class MpiCommunicator : public Communicator {
     auto w = std::make_unique<MpiWork>("broadcast of " + std::to_string(bytes) + " bytes");
     const int n = checked_count(bytes, "broadcast");
     if (rank_ == root && in != out && bytes > 0) std::memcpy(out, in, static_cast<size_t>(bytes));
-    w->steps.push_back([=, this](MPI_Request* r) {
-      return MPI_Ibcast(out, n, MPI_BYTE, root, comm_, r);
-    });
+    w->steps.push_back(
+        [=, this](MPI_Request* r) { return MPI_Ibcast(out, n, MPI_BYTE, root, comm_, r); });
     return w;
   }
 

@@ -90,11 +90,16 @@ Nccl load() {
 
 int nccl_type(DType dtype) {
   switch (dtype) {
-    case DType::Float32: return kFloat32;
-    case DType::Float64: return kFloat64;
-    case DType::Float16: return kFloat16;
-    case DType::BFloat16: return kBfloat16;
-    case DType::Int64: return kInt64;
+    case DType::Float32:
+      return kFloat32;
+    case DType::Float64:
+      return kFloat64;
+    case DType::Float16:
+      return kFloat16;
+    case DType::BFloat16:
+      return kBfloat16;
+    case DType::Int64:
+      return kInt64;
     default:
       throw DTypeError("[dist.nccl] reduces float32, float64, bfloat16, float16 and int64, got " +
                        std::string(dtype_name(dtype)));
@@ -157,8 +162,8 @@ class NcclCommunicator : public Communicator {
           "ncclAllReduce");
     return work("all_reduce");
   }
-  std::unique_ptr<Work> start_reduce_scatter(const void* in, void* out, int64_t count,
-                                             DType dtype, ReduceOp op) override {
+  std::unique_ptr<Work> start_reduce_scatter(const void* in, void* out, int64_t count, DType dtype,
+                                             ReduceOp op) override {
     cuda::set_current(device_);
     check(nccl_.ReduceScatter(in, out, static_cast<size_t>(count), nccl_type(dtype),
                               op == ReduceOp::Average ? kAvg : kSum, comm_, stream_),
@@ -187,9 +192,9 @@ class NcclCommunicator : public Communicator {
  private:
   void check(ncclResult_t r, const char* call) {
     if (r != kSuccess && r != kInProgress) {
-      throw DistError(std::string("[dist.nccl] ") + where() + " on cuda:" +
-                      std::to_string(device_) + ": " + call + " failed: " +
-                      nccl_.GetErrorString(r));
+      throw DistError(std::string("[dist.nccl] ") + where() +
+                      " on cuda:" + std::to_string(device_) + ": " + call +
+                      " failed: " + nccl_.GetErrorString(r));
     }
   }
   std::unique_ptr<Work> work(const char* op) {

@@ -29,8 +29,8 @@ class SingleProcess : public Communicator {
                                          ReduceOp) override {
     return copy(in, out, count * static_cast<int64_t>(itemsize(dtype)));
   }
-  std::unique_ptr<Work> start_reduce_scatter(const void* in, void* out, int64_t count,
-                                             DType dtype, ReduceOp) override {
+  std::unique_ptr<Work> start_reduce_scatter(const void* in, void* out, int64_t count, DType dtype,
+                                             ReduceOp) override {
     return copy(in, out, count * static_cast<int64_t>(itemsize(dtype)));
   }
   std::unique_ptr<Work> start_all_gather(const void* in, void* out, int64_t bytes) override {

@@ -43,7 +43,8 @@ void expect(bool ok, const std::string& what) {
 // exact in every dtype and the expected values need no tolerance.
 Tensor contribution(int rank, int64_t n, DType dtype) {
   std::vector<float> v(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i) v[static_cast<size_t>(i)] = static_cast<float>((rank + 1) * (i + 1));
+  for (int64_t i = 0; i < n; ++i)
+    v[static_cast<size_t>(i)] = static_cast<float>((rank + 1) * (i + 1));
   return cast(from_vector<float>(v), dtype);
 }
 
@@ -55,7 +56,8 @@ void collectives(dist::Communicator& c) {
     Tensor x = contribution(r, n, d);
     std::vector<double> sum = c.all_reduce(x).to_vector<double>();
     for (int64_t i = 0; i < n; ++i) {
-      expect(sum[i] == (i + 1) * R * (R + 1) / 2.0, name + " all_reduce sum at " + std::to_string(i));
+      expect(sum[i] == (i + 1) * R * (R + 1) / 2.0,
+             name + " all_reduce sum at " + std::to_string(i));
     }
     if (is_floating(d)) {
       std::vector<double> avg = c.all_reduce(x, dist::ReduceOp::Average).to_vector<double>();
@@ -152,8 +154,8 @@ void ddp(dist::Communicator& c) {
   optim::SGD ref_opt(reference->parameters(), {.lr = 0.05, .momentum = 0.9});
   optim::SGD opt(model->parameters(), {.lr = 0.05, .momentum = 0.9});
   data::DataLoader ref_loader(dataset, {.batch_size = R * B, .shuffle = true, .seed = 11});
-  auto sampler = std::make_shared<dist::DistributedSampler>(
-      n, c, dist::DistributedSamplerOptions{.seed = 11});
+  auto sampler =
+      std::make_shared<dist::DistributedSampler>(n, c, dist::DistributedSamplerOptions{.seed = 11});
   data::DataLoader loader(dataset, {.batch_size = B, .sampler = sampler});
   expect(loader.num_batches() == ref_loader.num_batches(), "same number of steps");
 
