@@ -102,8 +102,9 @@ DataLoader::DataLoader(TensorDataset dataset, DataLoaderOptions options)
                      std::to_string(options_.batch_size));
   }
   if (options_.sampler && options_.shuffle) {
-    throw ValueError("[DataLoader] takes shuffle or a sampler, not both: the sampler orders "
-                     "the examples (e.g. DistributedSampler's shuffle option)");
+    throw ValueError(
+        "[DataLoader] takes shuffle or a sampler, not both: the sampler orders "
+        "the examples (e.g. DistributedSampler's shuffle option)");
   }
 }
 
