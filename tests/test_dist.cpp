@@ -261,3 +261,33 @@ TEST_CASE("dist: DataParallel in one process buckets, hashes and trains like the
   opt_wrapped.step();
   CHECK(ddp.parameter_hash() != h);
 }
+
+TEST_CASE("dist: ZeRO-1 in one process owns every parameter and steps like its optimizer",
+          "[dist]") {
+  manual_seed(9);
+  nn::Linear plain(4, 3);
+  manual_seed(9);
+  nn::Linear sharded(4, 3);
+  optim::Adam full(plain.parameters(), {.lr = 0.05});
+  dist::ZeroRedundancyOptimizer zero(sharded.parameters(), [](std::vector<Tensor> ps) {
+    return std::make_unique<optim::Adam>(std::move(ps), optim::AdamOptions{.lr = 0.05});
+  });
+  CHECK(zero.owner(0) == 0);
+  CHECK(zero.owner(1) == 0);
+  REQUIRE(zero.local() != nullptr);
+  Tensor x = randn({6, 4});
+  for (int step = 0; step < 3; ++step) {
+    full.zero_grad();
+    zero.zero_grad();
+    sum(plain.forward(x) * plain.forward(x)).backward();
+    sum(sharded.forward(x) * sharded.forward(x)).backward();
+    full.step();
+    zero.step();
+  }
+  CHECK(plain.weight.to_vector<float>() == sharded.weight.to_vector<float>());
+  CHECK(plain.bias.to_vector<float>() == sharded.bias.to_vector<float>());
+  CHECK(zero.local_state_bytes() == 2 * (12 + 3) * sizeof(float));  // Adam's two moments
+  CHECK_THROWS_AS(dist::ZeroRedundancyOptimizer(
+                      {}, [](std::vector<Tensor>) { return std::unique_ptr<optim::Optimizer>(); }),
+                  ValueError);
+}

@@ -6,6 +6,8 @@
 //   dist_ranks ddp           DataParallel over N ranks with per-rank batch B against one
 //                            process trained here with batch N*B (plus no_sync gradient
 //                            accumulation), parameters hashed and compared after every step
+//   dist_ranks zero          ZeRO-1 against the unsharded optimizer: bit-identical
+//                            parameters, the state split across the ranks
 //   dist_ranks throw|kill|exit|hang
 //                            rank 1 fails (uncaught exception, SIGKILL, exit(3) without
 //                            finalize, or stalls past KILN_DIST_TIMEOUT) and the job must end
@@ -194,6 +196,71 @@ void ddp(dist::Communicator& c) {
               steps, worst);
 }
 
+size_t state_bytes(const optim::Optimizer& opt) {
+  size_t bytes = 0;
+  for (const auto& [name, t] : opt.state_dict()) {
+    if (name.rfind("state.", 0) == 0 && name.compare(name.size() - 5, 5, ".step") != 0) {
+      bytes += t.node()->nbytes();
+    }
+  }
+  return bytes;
+}
+
+// ZeRO-1 against the unsharded optimizer, both data-parallel in this job: the same
+// arithmetic on the owning rank, so the parameters must be bit-identical after every step,
+// and the ranks' optimizer state must add up to the unsharded optimizer's.
+void zero(dist::Communicator& c) {
+  const int R = c.size(), r = c.rank();
+  const int64_t B = 4, n = 64;
+  manual_seed(42);
+  data::TensorDataset dataset(randn({n, 8}), randint(0, 4, {n}));
+  manual_seed(100);
+  auto plain = mlp();
+  manual_seed(100);
+  auto sharded = mlp();
+  dist::DataParallel ddp_plain(*plain, c), ddp_sharded(*sharded, c);
+  optim::Adam full(plain->parameters(), {.lr = 0.01});
+  dist::ZeroRedundancyOptimizer zero(
+      sharded->parameters(),
+      [](std::vector<Tensor> ps) {
+        return std::make_unique<optim::Adam>(std::move(ps), optim::AdamOptions{.lr = 0.01});
+      },
+      c);
+  auto sampler =
+      std::make_shared<dist::DistributedSampler>(n, c, dist::DistributedSamplerOptions{.seed = 5});
+  data::DataLoader loader(dataset, {.batch_size = B, .sampler = sampler});
+  int steps = 0;
+  for (int epoch = 0; epoch < 2; ++epoch) {
+    for (const data::Batch& b : loader) {
+      full.zero_grad();
+      zero.zero_grad();
+      ddp_plain.backward(nn::cross_entropy(plain->forward(b.features()), b.targets()));
+      ddp_sharded.backward(nn::cross_entropy(sharded->forward(b.features()), b.targets()));
+      full.step();
+      zero.step();
+      ddp_sharded.check_parameters_in_sync();
+      expect(max_difference(plain->parameters(), sharded->parameters()) == 0,
+             "ZeRO-1 parameters differ from the unsharded optimizer's at step " +
+                 std::to_string(steps));
+      ++steps;
+    }
+  }
+  const size_t whole = state_bytes(full);
+  std::vector<int64_t> shares =
+      c.all_gather(from_vector<int64_t>({static_cast<int64_t>(zero.local_state_bytes())}))
+          .to_vector<int64_t>();
+  int64_t sum = 0, most = 0;
+  for (int64_t s : shares) {
+    sum += s;
+    most = std::max(most, s);
+  }
+  expect(sum == static_cast<int64_t>(whole), "the shards' state adds up to the whole");
+  std::printf(
+      "rank %d of %d: zero ok, %d steps bit-identical; optimizer state here %lld of "
+      "%zu bytes (largest rank %.0f%%, ideal %.0f%%)\n",
+      r, R, steps, static_cast<long long>(shares[r]), whole, 100.0 * most / whole, 100.0 / R);
+}
+
 // Rank 1 fails at the third collective while the others wait in it.
 void failure(dist::Communicator& c, const std::string& how) {
   for (int step = 0; step < 5; ++step) {
@@ -218,11 +285,13 @@ int main(int argc, char** argv) {
     collectives(c);
   } else if (mode == "ddp") {
     ddp(c);
+  } else if (mode == "zero") {
+    zero(c);
   } else if (mode == "throw" || mode == "kill" || mode == "exit" || mode == "hang") {
     failure(c, mode);
     return 1;  // reaching here means the failure went unnoticed
   } else {
-    std::fprintf(stderr, "usage: dist_ranks collectives|ddp|throw|kill|exit|hang\n");
+    std::fprintf(stderr, "usage: dist_ranks collectives|ddp|zero|throw|kill|exit|hang\n");
     return 2;
   }
   return 0;
