@@ -30,9 +30,9 @@ namespace kiln::dist::detail {
 std::unique_ptr<Communicator> make_mpi() {
   throw DistError(
       "[dist.world] this process was started by an MPI launcher (or KILN_DIST_BACKEND=mpi), "
-      "but kiln was built without MPI: CMake's find_package(MPI) found no MPI library when "
-      "kiln was configured. Install libopenmpi-dev (scripts/setup.sh does) and reconfigure, or "
-      "run without mpiexec for a single process");
+      "but kiln was built without MPI (configured with KILN_WITH_MPI=OFF, or CMake's "
+      "find_package(MPI) found no MPI library). Install libopenmpi-dev (scripts/setup.sh does) "
+      "and reconfigure, or run without mpiexec for a single process");
 }
 void finalize_mpi() {}
 void abort_mpi(int) {}
