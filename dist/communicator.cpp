@@ -85,6 +85,19 @@ Tensor identity(const Tensor& x) {
   return x.detach();
 }
 
+// Waits for a collective on the operands' buffers. If the wait fails (a timeout), the
+// backend may still write into them later, so they and the request are leaked on purpose:
+// the job cannot continue anyway, and freed memory must never be written.
+void finish(Communicator& c, std::unique_ptr<Work> work, Operands& o, const std::string& what) {
+  try {
+    c.wait(*work, what);
+  } catch (...) {
+    (void)work.release();
+    (void)new Operands(std::move(o));
+    throw;
+  }
+}
+
 }  // namespace
 
 struct PendingTensor::State {
@@ -227,7 +240,7 @@ Tensor Communicator::reduce_scatter(const Tensor& x, ReduceOp op) {
   const int64_t count = numel(shape);
   Operands o = prepare(x, static_cast<size_t>(count) * itemsize(x.dtype()));
   auto work = c->start_reduce_scatter(o.in, o.out, count, x.dtype(), op);
-  c->wait(*work, "reduce_scatter of " + describe(x));
+  finish(*c, std::move(work), o, "reduce_scatter of " + describe(x));
   return constant_from(o.output, shape, x.dtype(), x.device());
 }
 
@@ -247,7 +260,7 @@ Tensor Communicator::all_gather(const Tensor& x) {
   const int64_t bytes = static_cast<int64_t>(x.node()->nbytes());
   Operands o = prepare(x, static_cast<size_t>(bytes) * static_cast<size_t>(size()));
   auto work = c->start_all_gather(o.in, o.out, bytes);
-  c->wait(*work, "all_gather of " + describe(x));
+  finish(*c, std::move(work), o, "all_gather of " + describe(x));
   return constant_from(o.output, shape, x.dtype(), x.device());
 }
 
@@ -264,7 +277,7 @@ Tensor Communicator::broadcast(const Tensor& x, int root) {
   const int64_t bytes = static_cast<int64_t>(x.node()->nbytes());
   Operands o = prepare(x, static_cast<size_t>(bytes));
   auto work = c->start_broadcast(o.in, o.out, bytes, root);
-  c->wait(*work, "broadcast of " + describe(x));
+  finish(*c, std::move(work), o, "broadcast of " + describe(x));
   return constant_from(o.output, x.shape(), x.dtype(), x.device());
 }
 
@@ -293,7 +306,13 @@ PendingTensor::~PendingTensor() {
 Tensor PendingTensor::wait() {
   if (!state_) throw ValueError("[dist.wait] this PendingTensor was moved from");
   if (state_->work) {
-    state_->comm->wait(*state_->work, state_->what);
+    try {
+      state_->comm->wait(*state_->work, state_->what);
+    } catch (...) {
+      // As finish(): the backend may still write into the buffers, which must outlive it.
+      (void)state_.release();
+      throw;
+    }
     state_->work.reset();
     state_->uses.clear();
     state_->input = Tensor();

@@ -4,7 +4,8 @@
 //
 // Collectives are queued on kiln's stream of the device, after the kernels that produced
 // their inputs, and polled (cuStreamQuery and ncclCommGetAsyncError) against the
-// KILN_DIST_TIMEOUT deadline; on timeout the NCCL communicator is aborted.
+// KILN_DIST_TIMEOUT deadline like every other collective (an uncaught TimeoutError ends the
+// job through MPI_Abort).
 #include <dlfcn.h>
 
 #include <cstring>
