@@ -42,6 +42,7 @@ const char* reduce_op_name(ReduceOp op);
 class Work {
  public:
   virtual ~Work() = default;
+  /// Makes progress; true once the collective has completed (its output is then valid).
   virtual bool done() = 0;
 };
 
@@ -98,6 +99,7 @@ class Communicator {
   /// out (bytes) = rank root's `in`.
   virtual std::unique_ptr<Work> start_broadcast(const void* in, void* out, int64_t bytes,
                                                 int root) = 0;
+  /// Completes once every rank has started a barrier.
   virtual std::unique_ptr<Work> start_barrier() = 0;
   /// Polls `work` until done, or throws TimeoutError after KILN_DIST_TIMEOUT seconds
   /// (default 300); `what` names the call in messages ("all_reduce of float32[1024]").
