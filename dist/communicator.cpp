@@ -185,6 +185,8 @@ void Communicator::check_same_on_all_ranks(const char* op, const Tensor& x, int6
     for (size_t i = 0; i < mine.size(); ++i) same = same && all[r * mine.size() + i] == mine[i];
   }
   if (same) return;
+  const bool is_broadcast = std::string(op) == "broadcast";
+  const bool is_gather = std::string(op) == "all_gather";
   std::string ranks;
   for (int r = 0; r < size(); ++r) {
     const int64_t* s = &all[r * mine.size()];
@@ -193,11 +195,16 @@ void Communicator::check_same_on_all_ranks(const char* op, const Tensor& x, int6
     ranks += (r ? ", rank " : "rank ") + std::to_string(r) + " " +
              std::string(dtype_name(static_cast<DType>(s[0]))) + shape_str(shape) +
              (s[1] > kDims ? "(+" + std::to_string(s[1] - kDims) + " dims)" : "");
-    if (s[2] != mine[2]) ranks += " (root " + std::to_string(s[2]) + ")";
+    if (s[2] != mine[2]) {
+      ranks += is_broadcast ? " (root " + std::to_string(s[2]) + ")"
+                            : std::string(" (") + reduce_op_name(static_cast<ReduceOp>(s[2])) + ")";
+    }
   }
   throw DistError(tag(op) + where() + ": every rank must pass the same dtype and shape" +
-                  (extra != 0 || std::string(op) == "broadcast" ? " and root" : "") + "; got " +
-                  ranks);
+                  (is_broadcast ? " and root"
+                   : is_gather  ? ""
+                                : " and reduction") +
+                  "; got " + ranks);
 }
 
 Tensor Communicator::all_reduce(const Tensor& x, ReduceOp op) {
