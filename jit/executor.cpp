@@ -766,49 +766,49 @@ std::string diagnose_miss(const CachedPlan* c, const std::vector<Node*>& schedul
     bump(g_replay.missed_new_graph);
     return "no plan of the same ops is cached";
   }
-  auto broadcast_differs = [](const Shape& a, const Shape& b) {
-    if (a.size() != b.size()) return true;
-    for (size_t d = 0; d < a.size(); ++d)
-      if ((a[d] == 1) != (b[d] == 1)) return true;
-    return false;
-  };
   auto what = [&](const std::string& who, std::atomic<uint64_t>& counter, const std::string& now,
                   const std::string& was) {
     bump(counter);
     return who + ": " + now + " where the cached plan of the same ops has " + was;
   };
+  // The guards a node and a leaf share: dtype, device, rank and which dims are 1.
+  auto type_differs = [&](const std::string& who, DType dtype, Device device, const Shape& shape,
+                          DType was_dtype, Device was_device,
+                          const Shape& was_shape) -> std::optional<std::string> {
+    if (dtype != was_dtype)
+      return what(who, g_replay.missed_dtype, std::string(dtype_name(dtype)),
+                  std::string(dtype_name(was_dtype)));
+    if (!(device == was_device))
+      return what(who, g_replay.missed_device, device.str(), was_device.str());
+    bool broadcast = shape.size() != was_shape.size();
+    for (size_t d = 0; !broadcast && d < shape.size(); ++d)
+      broadcast = (shape[d] == 1) != (was_shape[d] == 1);
+    if (broadcast)
+      return what(who, g_replay.missed_broadcast, "shape " + shape_str(shape),
+                  "shape " + shape_str(was_shape));
+    return std::nullopt;
+  };
+  auto roles = [](bool output, bool stored) {
+    return std::string(output ? "an output" : "not an output") +
+           (stored ? ", stored" : ", not stored");
+  };
   for (size_t i = 0; i < schedule.size(); ++i) {
     const NodeRecord& r = c->nodes[i];
     const Node& n = *schedule[i];
     const std::string who = "node " + std::to_string(i) + " (" + n.user_op() + ")";
-    if (r.dtype != n.dtype)
-      return what(who, g_replay.missed_dtype, std::string(dtype_name(n.dtype)),
-                  std::string(dtype_name(r.dtype)));
-    if (!(r.device == n.device))
-      return what(who, g_replay.missed_device, n.device.str(), r.device.str());
-    if (broadcast_differs(r.shape, n.shape))
-      return what(who, g_replay.missed_broadcast, "shape " + shape_str(n.shape),
-                  "shape " + shape_str(r.shape));
+    if (auto why = type_differs(who, n.dtype, n.device, n.shape, r.dtype, r.device, r.shape))
+      return *why;
     const bool output = outputs.count(schedule[i]) > 0;
     if (r.output != output || r.stored != (stored[i] != 0))
-      return what(who, g_replay.missed_roles,
-                  std::string(output ? "an output" : "not an output") +
-                      (stored[i] ? ", stored" : ", not stored"),
-                  std::string(r.output ? "an output" : "not an output") +
-                      (r.stored ? ", stored" : ", not stored"));
+      return what(who, g_replay.missed_roles, roles(output, stored[i] != 0),
+                  roles(r.output, r.stored));
   }
   for (size_t i = 0; i < p.leaves.size(); ++i) {
     const LeafRecord& r = c->leaves[i];
     const Node& l = *p.leaves[i];
-    const std::string who = "input " + std::to_string(i);
-    if (r.dtype != l.dtype)
-      return what(who, g_replay.missed_dtype, std::string(dtype_name(l.dtype)),
-                  std::string(dtype_name(r.dtype)));
-    if (!(r.device == l.device))
-      return what(who, g_replay.missed_device, l.device.str(), r.device.str());
-    if (broadcast_differs(r.shape, l.shape))
-      return what(who, g_replay.missed_broadcast, "shape " + shape_str(l.shape),
-                  "shape " + shape_str(r.shape));
+    if (auto why = type_differs("input " + std::to_string(i), l.dtype, l.device, l.shape, r.dtype,
+                                r.device, r.shape))
+      return *why;
   }
   for (size_t i = 0; i < schedule.size(); ++i) {
     const Node& n = *schedule[i];
