@@ -17,6 +17,8 @@
 #include "frontend/kiln.h"
 #include "frontend/lr_scheduler.h"
 #include "frontend/optim.h"
+#include "frontend/serialize.h"
+#include "test_files.h"
 
 using namespace kiln;
 namespace optim = kiln::optim;
@@ -545,6 +547,28 @@ TEST_CASE("every closed-form scheduler's state_dict resumes its schedule", "[lr_
   StateDict sd = s.state_dict();
   CHECK(sd.at("last_epoch").item<int64_t>() == 1);
   CHECK(sd.at("base_lrs").to_vector<double>() == std::vector<double>{1.0, 0.1});
+  // Saved beside the optimizer's state in one safetensors file, under prefixes.
+  s.step();
+  s.step();
+  test::TempDir dir("kiln_sched_state");
+  StateDict file;
+  for (const auto& [k, v] : s.state_dict()) file["scheduler." + k] = v;
+  for (const auto& [k, v] : t.opt->state_dict()) file["optimizer." + k] = v;
+  save_safetensors(dir.file("resume.safetensors"), file);
+  StateDict loaded = load_safetensors(dir.file("resume.safetensors")), sched_part, opt_part;
+  for (const auto& [k, v] : loaded) {
+    if (k.starts_with("scheduler.")) sched_part[k.substr(10)] = v;
+    if (k.starts_with("optimizer.")) opt_part[k.substr(10)] = v;
+  }
+  TwoGroups u;
+  optim::StepLR r(*u.opt, 2);
+  u.opt->load_state_dict(opt_part);
+  r.load_state_dict(sched_part);
+  CHECK(r.last_epoch() == 3);
+  r.step();
+  s.step();
+  CHECK(r.get_last_lr() == s.get_last_lr());
+  CHECK(u.opt->lr(0) == Approx(0.01));
 }
 
 TEST_CASE("new scheduler argument and state errors", "[lr_scheduler][errors]") {
