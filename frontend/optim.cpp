@@ -398,8 +398,9 @@ namespace {
 Tensor filled_state(const Tensor& like, double value) {
   if (value == 0) return zero_state(like);
   NoGradGuard no_grad;
-  Tensor t = full(like.shape(), value, like.dtype(), like.device()).eval();
-  return from_data(t.raw_data(), t.shape(), t.dtype(), t.device());
+  // Filled on the host, whose bytes from_data can read, then placed on the parameter's device.
+  Tensor t = full(like.shape(), value, like.dtype(), Device::cpu()).eval();
+  return from_data(t.raw_data(), t.shape(), t.dtype(), like.device());
 }
 
 }  // namespace
