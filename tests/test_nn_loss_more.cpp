@@ -193,12 +193,55 @@ TEST_CASE("nn loss modules equal the functions and print their options", "[nn][l
   CHECK(bce(p, y).item<double>() == nn::binary_cross_entropy(p, y, {.weight = w}).item<double>());
   // PyTorch's BCELoss keeps its weight as a buffer named "weight".
   CHECK(bce.state_dict().count("weight") == 1);
+  bce.to(DType::Float64);
+  CHECK(w.dtype() == DType::Float32);
   CHECK(nn::BCELoss().state_dict().empty());
   std::ostringstream os;
   os << kl << " " << huber << " " << bce;
   CHECK(os.str() ==
         "KLDivLoss(reduction=batchmean, log_target=true) HuberLoss(reduction=sum, delta=0.25) "
         "BCELoss(reduction=mean)");
+}
+
+TEST_CASE("nn modules of the older losses equal their functions and keep weights as buffers",
+          "[nn][loss][module]") {
+  Tensor logits = make(random_values(12, 61), {4, 3});
+  Tensor y = kiln::from_vector<int64_t>({2, 0, -100, 1}, {4});
+  Tensor w = make({0.5, 2.0, 1.0}, {3});
+  const nn::CrossEntropyOptions o{.label_smoothing = 0.1, .weight = w};
+  nn::CrossEntropyLoss ce(o);
+  CHECK(ce(logits, y).item<double>() == nn::cross_entropy(logits, y, o).item<double>());
+  CHECK(ce.state_dict().count("weight") == 1);
+  nn::NLLLoss nll({.reduction = Reduction::Sum});
+  Tensor logp = kiln::log_softmax(logits, 1);
+  CHECK(nll(logp, y).item<double>() ==
+        nn::nll_loss(logp, y, {.reduction = Reduction::Sum}).item<double>());
+  CHECK(nll.state_dict().empty());
+  Tensor a = make(random_values(6, 62), {2, 3}), b = make(random_values(6, 63), {2, 3});
+  CHECK(nn::MSELoss(Reduction::Sum)(a, b).item<double>() ==
+        nn::mse_loss(a, b, Reduction::Sum).item<double>());
+  CHECK(nn::L1Loss()(a, b).item<double>() == nn::l1_loss(a, b).item<double>());
+  CHECK(nn::SmoothL1Loss(Reduction::Mean, 0.3)(a, b).item<double>() ==
+        nn::smooth_l1_loss(a, b, Reduction::Mean, 0.3).item<double>());
+  REQUIRE_THROWS_AS(nn::SmoothL1Loss(Reduction::Mean, -1.0), kiln::ValueError);
+  Tensor labels = kiln::cast(b > 0, DType::Float32);
+  nn::BCEWithLogitsLoss bce({.pos_weight = w});
+  CHECK(bce(a, labels).item<double>() ==
+        nn::binary_cross_entropy_with_logits(a, labels, {.pos_weight = w}).item<double>());
+  CHECK(bce.state_dict().count("pos_weight") == 1);
+  CHECK(bce.state_dict().count("weight") == 0);
+  // The buffer is what the loss reads: to(float64) carries it along with float64 inputs,
+  // and leaves the caller's tensor alone.
+  ce.to(DType::Float64);
+  CHECK(ce.state_dict().at("weight").dtype() == DType::Float64);
+  CHECK(w.dtype() == DType::Float32);
+  CHECK(ce(kiln::cast(logits, DType::Float64), y).item<double>() ==
+        Approx(nn::cross_entropy(logits, y, o).item<double>()).epsilon(1e-6));
+  std::ostringstream os;
+  os << ce << " " << nn::MSELoss() << " " << nn::SmoothL1Loss(Reduction::Sum, 0.5);
+  CHECK(os.str() ==
+        "CrossEntropyLoss(reduction=mean, ignore_index=-100, label_smoothing=0.1) "
+        "MSELoss(reduction=mean) SmoothL1Loss(reduction=sum, beta=0.5)");
 }
 
 TEST_CASE("nn kl_div, huber_loss and binary_cross_entropy reject bad arguments",

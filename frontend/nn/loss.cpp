@@ -326,7 +326,8 @@ std::string HuberLoss::extra_repr() const {
 }
 
 BCELoss::BCELoss(const BCEOptions& options) : Module("BCELoss"), reduction(options.reduction) {
-  if (options.weight.defined()) weight_ = register_buffer("weight", options.weight);
+  // A new handle, as weight_buffer below makes: to() must not rebind the caller's tensor.
+  if (options.weight.defined()) weight_ = register_buffer("weight", Tensor(options.weight.node()));
 }
 
 Tensor BCELoss::forward(const Tensor& input, const Tensor& target) {
@@ -335,6 +336,93 @@ Tensor BCELoss::forward(const Tensor& input, const Tensor& target) {
 
 std::string BCELoss::extra_repr() const {
   return std::string("reduction=") + reduction_name(reduction);
+}
+
+namespace {
+
+// A loss module's optional weight tensor, registered as a buffer so that it follows to()
+// and appears in state_dict() under PyTorch's name; returns the registered handle. The
+// buffer is a new handle on the caller's value, so the module's to() leaves the caller's
+// tensor as it was (PyTorch's to() makes new tensors too).
+Tensor weight_buffer(Module& m, const char* name, const Tensor& weight) {
+  return weight.defined() ? m.register_buffer(name, Tensor(weight.node())) : weight;
+}
+
+std::string cross_entropy_repr(const CrossEntropyOptions& o) {
+  return std::string("reduction=") + reduction_name(o.reduction) +
+         ", ignore_index=" + std::to_string(o.ignore_index) +
+         (o.label_smoothing != 0 ? ", label_smoothing=" + detail::num(o.label_smoothing) : "");
+}
+
+}  // namespace
+
+CrossEntropyLoss::CrossEntropyLoss(const CrossEntropyOptions& o)
+    : Module("CrossEntropyLoss"), options(o) {
+  options.weight = weight_buffer(*this, "weight", o.weight);
+}
+
+Tensor CrossEntropyLoss::forward(const Tensor& input, const Tensor& target) {
+  return cross_entropy(input, target, options);
+}
+
+std::string CrossEntropyLoss::extra_repr() const { return cross_entropy_repr(options); }
+
+NLLLoss::NLLLoss(const CrossEntropyOptions& o) : Module("NLLLoss"), options(o) {
+  options.weight = weight_buffer(*this, "weight", o.weight);
+}
+
+Tensor NLLLoss::forward(const Tensor& input, const Tensor& target) {
+  return nll_loss(input, target, options);
+}
+
+std::string NLLLoss::extra_repr() const { return cross_entropy_repr(options); }
+
+MSELoss::MSELoss(Reduction r) : Module("MSELoss"), reduction(r) {}
+
+Tensor MSELoss::forward(const Tensor& input, const Tensor& target) {
+  return mse_loss(input, target, reduction);
+}
+
+std::string MSELoss::extra_repr() const {
+  return std::string("reduction=") + reduction_name(reduction);
+}
+
+L1Loss::L1Loss(Reduction r) : Module("L1Loss"), reduction(r) {}
+
+Tensor L1Loss::forward(const Tensor& input, const Tensor& target) {
+  return l1_loss(input, target, reduction);
+}
+
+std::string L1Loss::extra_repr() const {
+  return std::string("reduction=") + reduction_name(reduction);
+}
+
+SmoothL1Loss::SmoothL1Loss(Reduction r, double beta)
+    : Module("SmoothL1Loss"), reduction(r), beta(beta) {
+  if (!(beta >= 0.0))
+    throw ValueError("[SmoothL1Loss] beta must be >= 0, got " + detail::num(beta));
+}
+
+Tensor SmoothL1Loss::forward(const Tensor& input, const Tensor& target) {
+  return smooth_l1_loss(input, target, reduction, beta);
+}
+
+std::string SmoothL1Loss::extra_repr() const {
+  return std::string("reduction=") + reduction_name(reduction) + ", beta=" + detail::num(beta);
+}
+
+BCEWithLogitsLoss::BCEWithLogitsLoss(const BCEWithLogitsOptions& o)
+    : Module("BCEWithLogitsLoss"), options(o) {
+  options.weight = weight_buffer(*this, "weight", o.weight);
+  options.pos_weight = weight_buffer(*this, "pos_weight", o.pos_weight);
+}
+
+Tensor BCEWithLogitsLoss::forward(const Tensor& input, const Tensor& target) {
+  return binary_cross_entropy_with_logits(input, target, options);
+}
+
+std::string BCEWithLogitsLoss::extra_repr() const {
+  return std::string("reduction=") + reduction_name(options.reduction);
 }
 
 }  // namespace kiln::nn

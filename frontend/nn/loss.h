@@ -134,6 +134,70 @@ class BCELoss : public Module {
   Tensor weight_;
 };
 
+/// torch.nn.CrossEntropyLoss: cross_entropy with fixed options (the class weight is a buffer
+/// named "weight", as in PyTorch).
+class CrossEntropyLoss : public Module {
+ public:
+  explicit CrossEntropyLoss(const CrossEntropyOptions& options = {});
+  /// cross_entropy(input, target, options).
+  Tensor forward(const Tensor& input, const Tensor& target);
+  Tensor operator()(const Tensor& input, const Tensor& target) { return forward(input, target); }
+  std::string extra_repr() const override;
+  CrossEntropyOptions options;  ///< options.weight is the registered buffer
+};
+
+/// torch.nn.NLLLoss: nll_loss with fixed options (class weight as for CrossEntropyLoss).
+class NLLLoss : public Module {
+ public:
+  explicit NLLLoss(const CrossEntropyOptions& options = {});
+  /// nll_loss(input, target, options).
+  Tensor forward(const Tensor& input, const Tensor& target);
+  Tensor operator()(const Tensor& input, const Tensor& target) { return forward(input, target); }
+  std::string extra_repr() const override;
+  CrossEntropyOptions options;
+};
+
+/// torch.nn.MSELoss, L1Loss and SmoothL1Loss: the functions with a fixed reduction (and beta).
+class MSELoss : public Module {
+ public:
+  explicit MSELoss(Reduction reduction = Reduction::Mean);
+  Tensor forward(const Tensor& input, const Tensor& target);
+  Tensor operator()(const Tensor& input, const Tensor& target) { return forward(input, target); }
+  std::string extra_repr() const override;
+  Reduction reduction;
+};
+
+class L1Loss : public Module {
+ public:
+  explicit L1Loss(Reduction reduction = Reduction::Mean);
+  Tensor forward(const Tensor& input, const Tensor& target);
+  Tensor operator()(const Tensor& input, const Tensor& target) { return forward(input, target); }
+  std::string extra_repr() const override;
+  Reduction reduction;
+};
+
+class SmoothL1Loss : public Module {
+ public:
+  explicit SmoothL1Loss(Reduction reduction = Reduction::Mean, double beta = 1.0);
+  Tensor forward(const Tensor& input, const Tensor& target);
+  Tensor operator()(const Tensor& input, const Tensor& target) { return forward(input, target); }
+  std::string extra_repr() const override;
+  Reduction reduction;
+  double beta;
+};
+
+/// torch.nn.BCEWithLogitsLoss: binary_cross_entropy_with_logits with fixed options (weight
+/// and pos_weight are buffers of those names, as in PyTorch).
+class BCEWithLogitsLoss : public Module {
+ public:
+  explicit BCEWithLogitsLoss(const BCEWithLogitsOptions& options = {});
+  /// binary_cross_entropy_with_logits(input, target, options).
+  Tensor forward(const Tensor& input, const Tensor& target);
+  Tensor operator()(const Tensor& input, const Tensor& target) { return forward(input, target); }
+  std::string extra_repr() const override;
+  BCEWithLogitsOptions options;
+};
+
 namespace functional {
 using nn::binary_cross_entropy;
 using nn::binary_cross_entropy_with_logits;
