@@ -19,8 +19,10 @@ const std::vector<Variable> kVariables = {
     {"KILN_SEED", "an unsigned 64-bit integer, decimal or 0x-hex (e.g. 42 or 0x2a)",
      "initial seed of the default random generator (default 0)", W::PerProcess},
     {"KILN_MEMORY_BUDGET",
-     "a size such as 512MiB, 2GB or a number of bytes, or a fraction of device memory in "
-     "(0, 1] such as 0.5",
+     // memory/budget_spec.cpp's accepted_budget_forms(Pool), word for word (a test checks).
+     "a size: whole bytes (4096) or a number with a unit, KB MB GB TB (powers of 1000) or KiB "
+     "MiB GiB TiB (powers of 1024), such as 300MB, 512MiB or 1.5GiB; a percentage of device "
+     "memory (physical RAM for the cpu) such as 50%; or none",
      "memory budget of every evaluation; set_budget() overrides it (default: none)", W::PerProcess},
     {"KILN_DEVICE_MEMORY_LIMIT", "a size such as 4GiB, 512MB or a number of bytes",
      "limit of each CUDA device pool, read when the pool is created (default: none)",
@@ -29,8 +31,10 @@ const std::vector<Variable> kVariables = {
      "share of a step's work the planner may add to keep reserves (default 0.05)", W::PerProcess},
     {"KILN_RECORD_STEPS", "1/true/on/yes or 0/false/off/no",
      "record every training step for memory pictures (default off)", W::PerProcess},
-    {"KILN_PLAN_DUMP", "a file path; %n becomes the evaluation's number",
-     "write each evaluation's step graph for `kiln plan` (default: off)", W::PerUse},
+    {"KILN_PLAN_DUMP", "a file path in a writable directory; %n becomes the evaluation's number",
+     "write the last training step's graph for `kiln plan`, or with %n every evaluation's, "
+     "numbered from 000000 (default: off)",
+     W::PerUse},
     {"KILN_EXECUTOR", "jit or reference", "the executor evaluations use (default jit)",
      W::PerProcess},
     {"KILN_CPU_COMPILER", "llvm or external",

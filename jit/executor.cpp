@@ -7,6 +7,7 @@
 #include <cstring>
 #include <limits>
 #include <mutex>
+#include <optional>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -467,10 +468,16 @@ struct CachedPlan {
   std::vector<NodeRecord> nodes;  // by schedule position
   std::vector<LeafRecord> leaves;
   std::vector<Launch> launches;  // by group
+  // Simplify left this exact schedule (sizes, fills and draws included) unchanged, so an
+  // evaluation that matches the records exactly skips it (see make_plan).
+  bool unsimplified = false;
 };
 
 std::mutex g_plan_mutex;
 std::unordered_map<uint64_t, std::shared_ptr<CachedPlan>> g_plans;
+// The last plan made for each sequence of ops and edges: what a miss is compared with to
+// say which guard failed (ReplayStats' missed_* counts, KILN_LOG=debug).
+std::unordered_map<uint64_t, std::shared_ptr<CachedPlan>> g_plans_by_ops;
 size_t g_cached_groups = 0;  // over all plans: each holds its lowered kernels
 constexpr size_t kMaxCachedPlans = 4096;
 constexpr size_t kMaxCachedGroups = size_t{1} << 17;
@@ -479,7 +486,9 @@ std::atomic<int> g_signature_bits{64};
 // ReplayStats' counters; launches_replayed is bumped once per launch, so no lock.
 struct ReplayCounters {
   std::atomic<uint64_t> hits{0}, misses{0}, collisions{0}, hits_relowered{0}, groups_relowered{0},
-      launches_replayed{0};
+      launches_replayed{0}, simplify_skipped{0};
+  std::atomic<uint64_t> missed_new_graph{0}, missed_dtype{0}, missed_device{0}, missed_broadcast{0},
+      missed_attributes{0}, missed_roles{0}, missed_dropped{0};
 };
 ReplayCounters g_replay;
 void bump(std::atomic<uint64_t>& counter, uint64_t n = 1) {
@@ -653,20 +662,22 @@ std::shared_ptr<CachedPlan> new_cached_plan(const FusionPlan& plan,
   return c;
 }
 
-// Checks a cached plan against this schedule. Returns false on a signature collision (some
+enum class Confirmed { No, Same, Resized };
+
+// Checks a cached plan against this schedule. Returns No on a signature collision (some
 // node differs in structure); otherwise marks the groups that touch a changed node (sizes,
 // or the generator state of a random op: both are kernel parameters) for lowering again,
-// updates the records, and returns true.
-bool confirm(CachedPlan& c, const std::vector<Node*>& schedule,
-             const std::unordered_set<Node*>& outputs, const Positions& p,
-             const std::vector<char>& stored) {
-  if (c.nodes.size() != schedule.size() || c.leaves.size() != p.leaves.size()) return false;
+// updates the records, and returns Resized (Same when nothing changed).
+Confirmed confirm(CachedPlan& c, const std::vector<Node*>& schedule,
+                  const std::unordered_set<Node*>& outputs, const Positions& p,
+                  const std::vector<char>& stored) {
+  if (c.nodes.size() != schedule.size() || c.leaves.size() != p.leaves.size()) return Confirmed::No;
   std::vector<char> changed_node(schedule.size(), 0), changed_leaf(p.leaves.size(), 0);
   bool changed = false;
   for (size_t i = 0; i < schedule.size(); ++i) {
     const Node& n = *schedule[i];
     NodeRecord& r = c.nodes[i];
-    if (!same_structure(r, n, p, outputs.count(schedule[i]) > 0, stored[i])) return false;
+    if (!same_structure(r, n, p, outputs.count(schedule[i]) > 0, stored[i])) return Confirmed::No;
     if (r.shape != n.shape || r.seed != n.seed || r.offset != n.offset)
       changed_node[i] = 1, changed = true;
   }
@@ -674,12 +685,12 @@ bool confirm(CachedPlan& c, const std::vector<Node*>& schedule,
     const Node& l = *p.leaves[i];
     LeafRecord& r = c.leaves[i];
     if (r.dtype != l.dtype || !(r.device == l.device) || r.shape.size() != l.shape.size())
-      return false;
+      return Confirmed::No;
     for (size_t d = 0; d < r.shape.size(); ++d)
-      if ((r.shape[d] == 1) != (l.shape[d] == 1)) return false;
+      if ((r.shape[d] == 1) != (l.shape[d] == 1)) return Confirmed::No;
     if (r.shape != l.shape) changed_leaf[i] = 1, changed = true;
   }
-  if (!changed) return true;
+  if (!changed) return Confirmed::Same;
   auto touched = [&](int ref) {
     return ref >= 0 ? changed_node[static_cast<size_t>(ref)]
                     : changed_leaf[static_cast<size_t>(-1 - ref)];
@@ -701,13 +712,14 @@ bool confirm(CachedPlan& c, const std::vector<Node*>& schedule,
   }
   for (size_t i = 0; i < p.leaves.size(); ++i)
     if (changed_leaf[i]) c.leaves[i].shape = p.leaves[i]->shape;
+  c.unsimplified = false;  // certified for the old sizes only; make_plan certifies again
   bump(g_replay.hits_relowered);
   bump(g_replay.groups_relowered, relowered);
   if (debug_log())
     log_line("kiln: debug: replay of a plan of " + std::to_string(c.groups.size()) +
              " kernels with new sizes or random draws: " + std::to_string(relowered) +
              " lowered again");
-  return true;
+  return Confirmed::Resized;
 }
 
 struct FusedPlan {
@@ -724,46 +736,158 @@ FusionPlan fuse_numbered(const std::vector<Node*>& schedule,
   return plan;
 }
 
-FusedPlan fuse_cached(const std::vector<Node*>& schedule,
-                      const std::unordered_set<Node*>& outputs) {
-  FusedPlan f;
-  if (pass_disabled("PLAN_CACHE")) {
-    f.plan = fuse_numbered(schedule, outputs);
-    return f;
+// The ops and edges of a schedule, without dtypes, shapes or attributes: plans that share
+// it differ only in what the guards check.
+uint64_t ops_key(const std::vector<Node*>& schedule, const Positions& p) {
+  uint64_t k = hash_combine(schedule.size(), p.leaves.size());
+  for (Node* n : schedule) {
+    k = hash_combine(k, static_cast<uint64_t>(n->op));
+    for (const NodePtr& in : n->inputs)
+      k = hash_combine(k, static_cast<uint64_t>(static_cast<int64_t>(p.ref(in.get()))));
   }
-  std::vector<char> stored;
-  stored.reserve(schedule.size());
-  uint64_t sig = signature(schedule, outputs, f.positions, stored);
-  if (const int bits = g_signature_bits.load(std::memory_order_relaxed); bits < 64)
-    sig &= (uint64_t{1} << std::max(bits, 0)) - 1;
-  bool collision = false;
-  {
-    std::lock_guard lock(g_plan_mutex);
-    auto it = g_plans.find(sig);
-    if (it != g_plans.end()) {
-      if (confirm(*it->second, schedule, outputs, f.positions, stored)) {
-        f.cached = it->second;
-        f.plan = instantiate(f.cached->groups, schedule, f.positions);
-        bump(g_replay.hits);
-        return f;
-      }
-      collision = true;
+  return k;
+}
+
+// Why an evaluation found no plan: the first guard that separates its schedule from `c`, the
+// last plan made for the same ops and edges (null: none). Counts it and returns a line for
+// KILN_LOG=debug.
+std::string diagnose_miss(const CachedPlan* c, const std::vector<Node*>& schedule,
+                          const std::unordered_set<Node*>& outputs, const Positions& p,
+                          const std::vector<char>& stored) {
+  bool same_ops = c && c->nodes.size() == schedule.size() && c->leaves.size() == p.leaves.size();
+  for (size_t i = 0; same_ops && i < schedule.size(); ++i) {
+    const NodeRecord& r = c->nodes[i];
+    const Node& n = *schedule[i];
+    same_ops = r.op == n.op && r.inputs.size() == n.inputs.size();
+    for (size_t k = 0; same_ops && k < r.inputs.size(); ++k)
+      same_ops = r.inputs[k] == p.ref(n.inputs[k].get());
+  }
+  if (!same_ops) {
+    bump(g_replay.missed_new_graph);
+    return "no plan of the same ops is cached";
+  }
+  auto broadcast_differs = [](const Shape& a, const Shape& b) {
+    if (a.size() != b.size()) return true;
+    for (size_t d = 0; d < a.size(); ++d)
+      if ((a[d] == 1) != (b[d] == 1)) return true;
+    return false;
+  };
+  auto what = [&](const std::string& who, std::atomic<uint64_t>& counter, const std::string& now,
+                  const std::string& was) {
+    bump(counter);
+    return who + ": " + now + " where the cached plan of the same ops has " + was;
+  };
+  for (size_t i = 0; i < schedule.size(); ++i) {
+    const NodeRecord& r = c->nodes[i];
+    const Node& n = *schedule[i];
+    const std::string who = "node " + std::to_string(i) + " (" + n.user_op() + ")";
+    if (r.dtype != n.dtype)
+      return what(who, g_replay.missed_dtype, std::string(dtype_name(n.dtype)),
+                  std::string(dtype_name(r.dtype)));
+    if (!(r.device == n.device))
+      return what(who, g_replay.missed_device, n.device.str(), r.device.str());
+    if (broadcast_differs(r.shape, n.shape))
+      return what(who, g_replay.missed_broadcast, "shape " + shape_str(n.shape),
+                  "shape " + shape_str(r.shape));
+    const bool output = outputs.count(schedule[i]) > 0;
+    if (r.output != output || r.stored != (stored[i] != 0))
+      return what(who, g_replay.missed_roles,
+                  std::string(output ? "an output" : "not an output") +
+                      (stored[i] ? ", stored" : ", not stored"),
+                  std::string(r.output ? "an output" : "not an output") +
+                      (r.stored ? ", stored" : ", not stored"));
+  }
+  for (size_t i = 0; i < p.leaves.size(); ++i) {
+    const LeafRecord& r = c->leaves[i];
+    const Node& l = *p.leaves[i];
+    const std::string who = "input " + std::to_string(i);
+    if (r.dtype != l.dtype)
+      return what(who, g_replay.missed_dtype, std::string(dtype_name(l.dtype)),
+                  std::string(dtype_name(r.dtype)));
+    if (!(r.device == l.device))
+      return what(who, g_replay.missed_device, l.device.str(), r.device.str());
+    if (broadcast_differs(r.shape, l.shape))
+      return what(who, g_replay.missed_broadcast, "shape " + shape_str(l.shape),
+                  "shape " + shape_str(r.shape));
+  }
+  for (size_t i = 0; i < schedule.size(); ++i) {
+    const Node& n = *schedule[i];
+    if (!same_structure(c->nodes[i], n, p, outputs.count(schedule[i]) > 0, stored[i] != 0)) {
+      bump(g_replay.missed_attributes);
+      return "node " + std::to_string(i) + " (" + n.user_op() +
+             "): a scalar, index map, reduction, axis or flag differs from the cached plan of "
+             "the same ops";
     }
   }
+  // The very graph had a plan: the cache dropped it (full, or its signature taken over).
+  bump(g_replay.missed_dropped);
+  return "the plan of this graph was dropped from the cache";
+}
+
+// The plan cache's answer for one schedule: a confirmed plan (its fusion rebuilt for these
+// nodes), or the signature and positions to store a new one under.
+struct Lookup {
+  FusedPlan fused;
+  uint64_t sig = 0;
+  std::vector<char> stored;
+  Confirmed confirmed = Confirmed::No;
+  bool collision = false;
+};
+
+Lookup look_up(const std::vector<Node*>& schedule, const std::unordered_set<Node*>& outputs) {
+  Lookup l;
+  l.stored.reserve(schedule.size());
+  l.sig = signature(schedule, outputs, l.fused.positions, l.stored);
+  if (const int bits = g_signature_bits.load(std::memory_order_relaxed); bits < 64)
+    l.sig &= (uint64_t{1} << std::max(bits, 0)) - 1;
+  std::lock_guard lock(g_plan_mutex);
+  auto it = g_plans.find(l.sig);
+  if (it == g_plans.end()) return l;
+  l.confirmed = confirm(*it->second, schedule, outputs, l.fused.positions, l.stored);
+  if (l.confirmed == Confirmed::No) {
+    l.collision = true;
+    return l;
+  }
+  l.fused.cached = it->second;
+  l.fused.plan = instantiate(l.fused.cached->groups, schedule, l.fused.positions);
+  return l;
+}
+
+// Completes a lookup: a hit is counted, a miss fuses the schedule and caches the plan.
+// `unsimplified`: the schedule is one simplify left unchanged.
+FusedPlan finish_lookup(Lookup&& l, const std::vector<Node*>& schedule,
+                        const std::unordered_set<Node*>& outputs, bool unsimplified) {
+  if (l.fused.cached) {
+    bump(g_replay.hits);
+    if (unsimplified) {
+      std::lock_guard lock(g_plan_mutex);
+      l.fused.cached->unsimplified = true;
+    }
+    return std::move(l.fused);
+  }
+  FusedPlan f = std::move(l.fused);
   f.plan = fuse_numbered(schedule, outputs);
-  f.cached = new_cached_plan(f.plan, schedule, outputs, f.positions, stored);
+  f.cached = new_cached_plan(f.plan, schedule, outputs, f.positions, l.stored);
+  f.cached->unsimplified = unsimplified;
   bump(g_replay.misses);
-  bump(g_replay.collisions, collision ? 1 : 0);
+  bump(g_replay.collisions, l.collision ? 1 : 0);
+  const uint64_t ops = ops_key(schedule, f.positions);
+  std::lock_guard lock(g_plan_mutex);
+  auto same_ops = g_plans_by_ops.find(ops);
+  const std::string why =
+      diagnose_miss(same_ops == g_plans_by_ops.end() ? nullptr : same_ops->second.get(), schedule,
+                    outputs, f.positions, l.stored);
   if (debug_log())
     log_line("kiln: debug: plan of " + std::to_string(schedule.size()) + " nodes made (" +
-             (collision ? "its signature collided with another graph's" : "a new signature") +
+             (l.collision ? "its signature collided with another graph's; " : "") + why +
              "): " + std::to_string(f.plan.groups.size()) + " kernels");
-  std::lock_guard lock(g_plan_mutex);
   if (g_plans.size() >= kMaxCachedPlans || g_cached_groups >= kMaxCachedGroups) {
     g_plans.clear();
+    g_plans_by_ops.clear();
     g_cached_groups = 0;
   }
-  g_plans[sig] = f.cached;
+  g_plans[l.sig] = f.cached;
+  g_plans_by_ops[ops] = f.cached;
   g_cached_groups += f.cached->groups.size();
   return f;
 }
@@ -817,12 +941,41 @@ Plan make_plan(const std::vector<Node*>& schedule, const std::vector<Node*>& req
     if (!req.count(n) && !consumed.count(n) && n->handles.load(std::memory_order_relaxed) > 0)
       outs.push_back(n);
   if (reads_replaced) keep_readers_of_replaced(schedule, req, consumed, outs);
+  const bool cache_plans = !pass_disabled("PLAN_CACHE");
+  // A small schedule is looked up before simplify: where simplify left this very schedule
+  // (sizes, fills and draws included, all in the exact check) unchanged before, it would
+  // again, and on a graph of a few ops it costs as much as the rest of the evaluation. Big
+  // schedules (a training step) are rarely left unchanged, and hashing them twice would
+  // cost more than it saves.
+  constexpr size_t kLookUpBeforeSimplify = 64;
+  std::optional<Lookup> early;
+  if (cache_plans && schedule.size() <= kLookUpBeforeSimplify && !simplify_disabled()) {
+    std::unordered_set<Node*> outputs(outs.begin(), outs.end());
+    early = look_up(schedule, outputs);
+    if (early->confirmed == Confirmed::Same && early->fused.cached->unsimplified) {
+      bump(g_replay.simplify_skipped);
+      p.simplified.schedule = schedule;
+      p.outputs = std::move(outputs);
+      p.fused = finish_lookup(std::move(*early), schedule, p.outputs, true);
+      return p;
+    }
+  }
   p.simplified = simplify(schedule, outs);
   for (Node* o : outs) {
     auto it = p.simplified.alias.find(o);
     p.outputs.insert(it == p.simplified.alias.end() ? o : it->second);
   }
-  p.fused = fuse_cached(p.simplified.schedule, p.outputs);
+  const SimplifyResult& sr = p.simplified;
+  const bool unchanged = sr.merged + sr.folded + sr.identities + sr.removed == 0 &&
+                         sr.alias.empty() && sr.created.empty() && sr.schedule == schedule;
+  if (!cache_plans) {
+    p.fused.plan = fuse_numbered(sr.schedule, p.outputs);
+  } else if (early && unchanged) {
+    // The lookup before simplify was of this very schedule.
+    p.fused = finish_lookup(std::move(*early), sr.schedule, p.outputs, true);
+  } else {
+    p.fused = finish_lookup(look_up(sr.schedule, p.outputs), sr.schedule, p.outputs, unchanged);
+  }
   return p;
 }
 
@@ -947,12 +1100,22 @@ void set_plan_signature_bits_for_testing(int bits) {
 
 ReplayStats replay_stats() {
   auto get = [](const std::atomic<uint64_t>& c) { return c.load(std::memory_order_relaxed); };
-  return {get(g_replay.hits),
-          get(g_replay.misses),
-          get(g_replay.collisions),
-          get(g_replay.hits_relowered),
-          get(g_replay.groups_relowered),
-          get(g_replay.launches_replayed)};
+  ReplayStats r;
+  r.hits = get(g_replay.hits);
+  r.misses = get(g_replay.misses);
+  r.collisions = get(g_replay.collisions);
+  r.hits_relowered = get(g_replay.hits_relowered);
+  r.groups_relowered = get(g_replay.groups_relowered);
+  r.launches_replayed = get(g_replay.launches_replayed);
+  r.simplify_skipped = get(g_replay.simplify_skipped);
+  r.missed_new_graph = get(g_replay.missed_new_graph);
+  r.missed_dtype = get(g_replay.missed_dtype);
+  r.missed_device = get(g_replay.missed_device);
+  r.missed_broadcast = get(g_replay.missed_broadcast);
+  r.missed_attributes = get(g_replay.missed_attributes);
+  r.missed_roles = get(g_replay.missed_roles);
+  r.missed_dropped = get(g_replay.missed_dropped);
+  return r;
 }
 
 EvalStats last_eval_stats() {

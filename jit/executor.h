@@ -29,6 +29,13 @@ struct ReplayStats {
   uint64_t hits_relowered = 0;     ///< of the hits: sizes or random draws changed
   uint64_t groups_relowered = 0;   ///< groups lowered again for those changes
   uint64_t launches_replayed = 0;  ///< kernel launches that skipped lowering and lookup
+  uint64_t simplify_skipped = 0;   ///< of the hits: small schedules simplify had left as is
+  /// Of the misses, the first guard that failed against the last plan made for the same ops
+  /// and edges (KILN_LOG=debug prints the node): none had been made, a dtype, a device, a
+  /// rank or which dimensions are 1, a scalar/index map/reduction/axis/flag, which nodes are
+  /// outputs or stored; or nothing (the graph's plan was dropped when the cache filled).
+  uint64_t missed_new_graph = 0, missed_dtype = 0, missed_device = 0, missed_broadcast = 0,
+           missed_attributes = 0, missed_roles = 0, missed_dropped = 0;
 };
 /// The replay cache's counts (process-wide).
 ReplayStats replay_stats();

@@ -175,6 +175,56 @@ StepTables build_tables(const Schedule& groups, const std::unordered_set<Node*>&
   return t;
 }
 
+// How many tensors the step assigns a new value to (an optimizer's updates read the values
+// they replace, leaves or, in a first step that also initialises them, values made in the
+// step): more than none makes it a training step, as the budget error and KILN_PLAN_DUMP
+// tell it from a test pass or sampling.
+size_t updated_tensors(const StepTables& t) {
+  size_t n = 0;
+  for (const Node* node : t.nodes) n += node->replaced ? 1 : 0;
+  return n;
+}
+
+// Per kernel, the phase of the step it belongs to (memory::StepPhase), from how its nodes
+// were built. The update: kernels that read a value the step replaces and make either a
+// parameter's new value (a leaf of differentiation) or, without gradients flowing through
+// them, values only other update kernels read in the step (an Adam moment). The backward
+// pass: other kernels that gradients do not flow through but that read what they do,
+// directly or through such kernels. The rest, data and initial values made for the step
+// included, is the forward pass. A step through which no gradient flows is all forward.
+std::vector<memory::StepPhase> kernel_phases(const StepTables& t, const Schedule& groups) {
+  const size_t n = groups.size();
+  std::vector<memory::StepPhase> phases(n, memory::StepPhase::Forward);
+  auto flows = [](const Node* node) { return node->requires_grad && !node->grad_leaf; };
+  if (std::none_of(groups.begin(), groups.end(),
+                   [&](const FusionGroup* g) { return flows(g->root); }))
+    return phases;
+  std::vector<char> after_gradients(n, 0), reads_replaced(n, 0);
+  std::vector<std::vector<size_t>> readers(n);
+  for (size_t k = 0; k < n; ++k) {
+    for (int v : t.graph.kernels[k].inputs) {
+      const int producer = t.graph.values[static_cast<size_t>(v)].producer;
+      const Node* node = t.nodes[static_cast<size_t>(v)];
+      reads_replaced[k] |= node->replaced;
+      after_gradients[k] |=
+          node->requires_grad || (producer >= 0 && after_gradients[static_cast<size_t>(producer)]);
+      if (producer >= 0) readers[static_cast<size_t>(producer)].push_back(k);
+    }
+  }
+  // Readers run after their producers, so a backward walk knows theirs already.
+  for (size_t k = n; k-- > 0;) {
+    const Node* root = groups[k]->root;
+    const bool feeds_updates = std::all_of(readers[k].begin(), readers[k].end(), [&](size_t r) {
+      return phases[r] == memory::StepPhase::Update;
+    });
+    if (reads_replaced[k] && (root->grad_leaf || (!root->requires_grad && feeds_updates)))
+      phases[k] = memory::StepPhase::Update;
+    else if (!root->requires_grad && after_gradients[k])
+      phases[k] = memory::StepPhase::Backward;
+  }
+  return phases;
+}
+
 // The tables for the same kernels run in another order (`perm` from schedule_order; the
 // groups already permuted): value ids stay, producers move, in-place candidates change
 // with the last reads.
@@ -361,8 +411,14 @@ class JitMachine final : public memory::StepMachine {
             " inputs of " + memory::format_bytes(in) + ", output " +
             value_shape(t.nodes[static_cast<size_t>(k.output)]) + ")";
   }
+  const size_t updated = updated_tensors(t);
+  const std::string what =
+      updated > 0
+          ? "this evaluation (a training step: it updates " + std::to_string(updated) + " tensors)"
+          : "this evaluation (not a training step: it updates no tensor, as a test pass "
+            "or sampling does)";
   throw OutOfMemoryError(
-      "[memory] this step cannot run within the memory budget of " +
+      "[memory] " + what + " cannot run within the memory budget of " +
       memory::format_bytes(options.budget) + " on the " + pool + ": it needs at least " +
       memory::format_bytes(plan.lower_bound) + " (lower bound: what is resident when it starts, " +
       memory::format_bytes(t.graph.start_bytes) + ", plus the largest working set of one kernel" +
@@ -373,7 +429,8 @@ class JitMachine final : public memory::StepMachine {
       memory::format_bytes(unplanned) + ", " + std::to_string(t.graph.kernels.size()) +
       " kernels; at this budget: " + plan.failure +
       "). Raise the budget (kiln::memory::set_budget, KILN_MEMORY_BUDGET) or make "
-      "the step smaller.\n" +
+      "the step smaller" +
+      (updated > 0 ? std::string() : std::string(" (evaluate in smaller batches)")) + ".\n" +
       memory::report());
 }
 
@@ -679,7 +736,7 @@ void run_with_memory_plan(const FusionPlan& plan, const std::unordered_set<Node*
   bool settled = false;
   memory::ScheduleOrder order = profile_and_order(key, t.graph, planned, tail, timed, &settled);
   // The tables as given, with the costs the planner uses.
-  if (const std::string dump = memory::plan_dump_path(); !dump.empty()) {
+  if (const std::string dump = memory::plan_dump_path(updated_tensors(t) > 0); !dump.empty()) {
     memory::StepGraphFile file{t.graph, {}, options.budget, tail};
     for (const FusionGroup* g : groups) file.kernel_names.push_back(kernel_name(*g));
     memory::save_step_graph(file, dump);
@@ -894,6 +951,7 @@ void run_with_memory_plan(const FusionPlan& plan, const std::unordered_set<Node*
   r.step_ms = machine.us() / 1000.0;
   if (record) {
     for (const FusionGroup* g : groups) r.kernels.push_back(kernel_name(*g));
+    r.phases = kernel_phases(t, groups);
     for (size_t v = 0; v < t.nodes.size(); ++v) {
       const PlanValue& pv = t.graph.values[v];
       r.values.push_back({pv.producer >= 0 ? r.kernels[static_cast<size_t>(pv.producer)] : "leaf",

@@ -2,8 +2,6 @@
 
 #include <unistd.h>
 
-#include <cmath>
-#include <cstdlib>
 #include <mutex>
 #include <optional>
 
@@ -16,35 +14,10 @@
 namespace kiln::memory {
 namespace {
 
-struct Budget {
-  size_t bytes = 0;     // an absolute budget, or
-  double fraction = 0;  // a share of each device's memory (0: not a fraction)
-};
-
 std::mutex g_mutex;
-Budget g_budget;
+BudgetSpec g_budget;
 bool g_loaded = false;
 double g_margin = 0;
-
-Budget parse(const std::string& spec, const std::string& what) {
-  // A bare number with a decimal point, or any number <= 1, is a fraction of the device.
-  char* end = nullptr;
-  double v = std::strtod(spec.c_str(), &end);
-  bool bare = end != spec.c_str();
-  while (bare && *end == ' ') ++end;
-  if (bare && *end == '\0' && (spec.find('.') != std::string::npos || v <= 1)) {
-    if (!(v > 0 && v <= 1) || !std::isfinite(v))
-      throw ValueError("[memory] " + what + " '" + spec +
-                       "' is not a budget; a fraction of device memory must be in (0, 1]");
-    return {0, v};
-  }
-  try {
-    return {parse_memory_size(spec, what), 0};
-  } catch (const ValueError& e) {
-    // The size parser names the units; a budget may also be a share of the device.
-    throw ValueError(std::string(e.what()) + ", or a fraction of device memory such as 0.5");
-  }
-}
 
 // Loaded only once it parsed: a bad KILN_MEMORY_BUDGET raises from every call that needs
 // the budget (each evaluation), not just the first one.
@@ -52,9 +25,9 @@ void load_environment_locked() {
   if (g_loaded) return;
   if (std::optional<std::string> text = settings::text("KILN_MEMORY_BUDGET")) {
     try {
-      g_budget = parse(*text, "KILN_MEMORY_BUDGET");
-    } catch (const ValueError&) {
-      settings::reject("KILN_MEMORY_BUDGET", *text);
+      g_budget = parse_budget(*text, "KILN_MEMORY_BUDGET", BudgetContext::Pool);
+    } catch (const BudgetError& e) {
+      throw BudgetError(std::string(e.what()) + "; unset KILN_MEMORY_BUDGET for no budget");
     }
   }
   g_loaded = true;
@@ -71,27 +44,34 @@ size_t total_memory(Device device) {
 void set_budget(size_t bytes) {
   std::lock_guard lock(g_mutex);
   g_loaded = true;
-  g_budget = {bytes, 0};
+  g_budget = bytes == 0 ? BudgetSpec{} : BudgetSpec{BudgetSpec::Kind::Bytes, bytes, 0};
 }
 
 void set_budget(const std::string& spec) {
-  Budget b = parse(spec, "memory budget");
+  set_budget(parse_budget(spec, "set_budget", BudgetContext::Pool));
+}
+
+void set_budget(const BudgetSpec& spec) {
+  if (spec.kind == BudgetSpec::Kind::ShareOfReleasable)
+    throw BudgetError("[set_budget] " + spec.description() +
+                      " is not a budget of evaluations: a share of a step's releasable bytes is "
+                      "for kiln plan only");
   std::lock_guard lock(g_mutex);
   g_loaded = true;
-  g_budget = b;
+  g_budget = spec;
 }
 
 void clear_budget() { set_budget(size_t{0}); }
 
 size_t budget(Device device) {
-  Budget b;
+  BudgetSpec b;
   {
     std::lock_guard lock(g_mutex);
     load_environment_locked();
     b = g_budget;
   }
-  if (b.fraction == 0) return b.bytes;
-  return static_cast<size_t>(b.fraction * static_cast<double>(total_memory(device)));
+  return b.kind == BudgetSpec::Kind::ShareOfMemory ? b.bytes_of(total_memory(device))
+                                                   : b.bytes_of(0);
 }
 
 void set_plan_margin(double fraction) {
@@ -135,10 +115,7 @@ double reserve_work_limit() {
 std::string budget_description() {
   std::lock_guard lock(g_mutex);
   load_environment_locked();
-  if (g_budget.fraction > 0)
-    return std::to_string(static_cast<int>(std::lround(g_budget.fraction * 100))) +
-           "% of device memory";
-  return g_budget.bytes == 0 ? "none" : format_bytes(g_budget.bytes);
+  return g_budget.description();
 }
 
 }  // namespace kiln::memory

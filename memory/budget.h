@@ -6,15 +6,20 @@
 #include <string>
 
 #include "../core/device.h"
+#include "budget_spec.h"
 
 namespace kiln::memory {
 
 /// Sets the budget in bytes for every device (0 removes it).
 void set_budget(size_t bytes);
-/// Sets the budget from text: "2GB", "512MiB", "1.5GiB", plain bytes, or a fraction in
-/// (0, 1] ("0.5") of each device's total memory (physical RAM for the cpu). Throws
-/// ValueError for anything else. The KILN_MEMORY_BUDGET variable takes the same text.
+/// Sets the budget from text, read by parse_budget (memory/budget_spec.h): plain bytes,
+/// a size with a unit ("512MiB", "2GB", "1.5GiB"), a percentage of each device's total
+/// memory ("50%"; physical RAM for the cpu), or "none". Throws BudgetError (a ValueError)
+/// naming set_budget for anything else; "0.5" is refused, not read as a share. The
+/// KILN_MEMORY_BUDGET variable and the examples' --memory-budget take the same text.
 void set_budget(const std::string& spec);
+/// Sets a budget parse_budget read (a share of releasable bytes throws BudgetError).
+void set_budget(const BudgetSpec& spec);
 /// Removes the budget (the same as set_budget(0)).
 void clear_budget();
 /// The budget in bytes for `device`, or 0 when there is none.

@@ -2,8 +2,10 @@
 
 #include <atomic>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <mutex>
 #include <optional>
 #include <sstream>
 
@@ -131,15 +133,30 @@ StepGraphFile load_step_graph(const std::string& path) {
   return file;
 }
 
-std::string plan_dump_path() {
+std::string plan_dump_path(bool training_step) {
   std::optional<std::string> set = settings::text("KILN_PLAN_DUMP");
   if (!set) return {};
   std::string path = *set;
   if (size_t at = path.find("%n"); at != std::string::npos) {
+    // Six digits keep the files in evaluation order when listed by name.
     static std::atomic<uint64_t> evaluations{0};
-    path.replace(at, 2, std::to_string(evaluations.fetch_add(1)));
+    char number[24];
+    std::snprintf(number, sizeof number, "%06llu",
+                  static_cast<unsigned long long>(evaluations.fetch_add(1)));
+    path.replace(at, 2, number);
+    return path;
   }
-  return path;
+  // One file: once a training step is in it, evaluations after training (a test pass,
+  // sampling) leave it alone, so it holds the step a user means to plan. Another path set
+  // later starts afresh.
+  static std::mutex mutex;
+  static std::string holds_training_step;
+  std::lock_guard lock(mutex);
+  if (training_step) {
+    holds_training_step = path;
+    return path;
+  }
+  return path == holds_training_step ? std::string() : path;
 }
 
 }  // namespace kiln::memory

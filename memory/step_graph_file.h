@@ -25,8 +25,11 @@ void save_step_graph(const StepGraphFile& file, const std::string& path);
 /// ValueError naming the line when it is not a valid step graph.
 StepGraphFile load_step_graph(const std::string& path);
 
-/// Where to write this evaluation's tables: the path KILN_PLAN_DUMP names, with "%n"
-/// replaced by a count of the calls (one file per evaluation), or "" when it is unset.
-std::string plan_dump_path();
+/// Where to write this evaluation's tables: the path KILN_PLAN_DUMP names, or "" when it is
+/// unset. With "%n" in it, one file per evaluation: "%n" becomes a count of the calls,
+/// zero-padded to six digits (000000, 000001, ...). Without, one file that keeps the last
+/// training step (`training_step`: the evaluation ends in parameter updates): evaluations
+/// without updates write that path only until a training step has.
+std::string plan_dump_path(bool training_step);
 
 }  // namespace kiln::memory

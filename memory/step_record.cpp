@@ -211,14 +211,22 @@ void recompute_markers(std::string& svg, const StepRecord& step, const Frame& f)
   }
 }
 
-void legend(std::string& svg, const StepRecord& step) {
+const char* phase_name(StepPhase p) {
+  return p == StepPhase::Forward ? "forward" : p == StepPhase::Backward ? "backward" : "update";
+}
+const char* phase_color(StepPhase p) {
+  return p == StepPhase::Forward ? "#e8f1fa" : p == StepPhase::Backward ? "#fbeee0" : "#e6f4e6";
+}
+
+void legend(std::string& svg, const StepRecord& step, bool budget, bool unbudgeted) {
   struct Item {
     const char* label;
     const char* color;
     const char* dash;
   };
   std::vector<Item> items = {{"bytes in use", "#1f77b4", "none"}};
-  if (step.budget > 0) items.push_back({"budget", "#d62728", "6 4"});
+  if (unbudgeted) items.push_back({"without a budget", "#7f7f7f", "none"});
+  if (budget) items.push_back({"budget", "#d62728", "6 4"});
   if (step.planned_peak > 0) items.push_back({"planned peak", "#555555", "4 3"});
   if (step.lower_bound > 0) items.push_back({"lower bound", "#2ca02c", "1.5 3"});
   double x = kLeft;
@@ -230,12 +238,21 @@ void legend(std::string& svg, const StepRecord& step) {
     svg += "<text x=\"" + num(x + 27) + "\" y=\"" + y + "\">" + item.label + "</text>\n";
     x += 40 + 6.5 * static_cast<double>(std::strlen(item.label));
   }
-  if (std::none_of(step.events.begin(), step.events.end(),
-                   [](const StepEvent& e) { return e.kind == StepEvent::Kind::Recompute; }))
-    return;
-  svg +=
-      "<path d=\"M" + num(x + 11) + " " + num(kHeight - 20) + "l4.5 8h-9z\" fill=\"#ff7f0e\"/>\n";
-  svg += "<text x=\"" + num(x + 21) + "\" y=\"" + y + "\">recomputation</text>\n";
+  if (std::any_of(step.events.begin(), step.events.end(),
+                  [](const StepEvent& e) { return e.kind == StepEvent::Kind::Recompute; })) {
+    svg +=
+        "<path d=\"M" + num(x + 11) + " " + num(kHeight - 20) + "l4.5 8h-9z\" fill=\"#ff7f0e\"/>\n";
+    svg += "<text x=\"" + num(x + 21) + "\" y=\"" + y + "\">recomputation</text>\n";
+    x += 40 + 6.5 * 13;
+  }
+  // The phases shaded behind the curve, those the step has.
+  for (StepPhase p : {StepPhase::Forward, StepPhase::Backward, StepPhase::Update}) {
+    if (std::find(step.phases.begin(), step.phases.end(), p) == step.phases.end()) continue;
+    svg += "<rect x=\"" + num(x) + "\" y=\"" + num(kHeight - 21) +
+           "\" width=\"14\" height=\"10\" fill=\"" + phase_color(p) + "\" stroke=\"#bbb\"/>\n";
+    svg += "<text x=\"" + num(x + 19) + "\" y=\"" + y + "\">" + phase_name(p) + "</text>\n";
+    x += 30 + 6.5 * static_cast<double>(std::strlen(phase_name(p)));
+  }
 }
 
 }  // namespace
@@ -370,16 +387,97 @@ std::vector<TimelinePoint> timeline_points(const StepRecord& step, size_t max_po
   return out;
 }
 
-std::string memory_timeline_svg(const StepRecord& step) {
+namespace {
+
+// A budget more than this many times the highest curve or line is written above the plot
+// rather than drawn: a bytes axis up to it would flatten the step into the bottom rows.
+constexpr double kBudgetFarAbove = 1.5;
+
+// The phase of each event: its kernel's for a run; a rebuild, free or eviction belongs to
+// the phase of the run before it (a rebuild made for the backward pass is part of it).
+std::vector<StepPhase> event_phases(const StepRecord& step) {
+  std::vector<StepPhase> out(step.events.size(), StepPhase::Forward);
+  StepPhase now = StepPhase::Forward;
+  for (size_t i = 0; i < step.events.size(); ++i) {
+    const StepEvent& e = step.events[i];
+    if (e.kind == StepEvent::Kind::Run && e.kernel >= 0 &&
+        static_cast<size_t>(e.kernel) < step.phases.size())
+      now = step.phases[static_cast<size_t>(e.kernel)];
+    out[i] = now;
+  }
+  return out;
+}
+
+// Shaded bands behind the curve, one per run of events in the same phase, named at the top
+// where there is room. Bands narrower than a pixel join the one before, so an interleaved
+// schedule stays a small file.
+void phase_bands(std::string& svg, const StepRecord& step, const Frame& f) {
+  if (step.phases.empty() || step.events.empty()) return;
+  const std::vector<StepPhase> phases = event_phases(step);
+  struct Band {
+    size_t begin, end;  // events [begin, end): x from begin to end
+    StepPhase phase;
+  };
+  std::vector<Band> bands;
+  for (size_t i = 0; i < phases.size(); ++i) {
+    if (!bands.empty() && bands.back().phase == phases[i]) {
+      bands.back().end = i + 1;
+    } else if (!bands.empty() &&
+               f.x(static_cast<double>(i)) - f.x(static_cast<double>(bands.back().begin)) < 1.0) {
+      bands.back().end = i + 1;  // too narrow to see: part of the one before
+    } else {
+      bands.push_back({i, i + 1, phases[i]});
+    }
+  }
+  for (const Band& b : bands) {
+    // Event i's bytes hold from x = i + 1 (the curve's steps); a band covers its events.
+    const double x0 = f.x(static_cast<double>(b.begin) + (b.begin == 0 ? 0.0 : 1.0));
+    const double x1 = f.x(std::min(static_cast<double>(b.end) + 1.0, f.x_max));
+    svg += "<rect class=\"phase-" + std::string(phase_name(b.phase)) + "\" x=\"" + num(x0) +
+           "\" y=\"" + num(kTop) + "\" width=\"" + num(std::max(x1 - x0, 0.5)) + "\" height=\"" +
+           num(kBottom - kTop) + "\" fill=\"" + phase_color(b.phase) + "\"><title>" +
+           phase_name(b.phase) + ", events " + std::to_string(b.begin + 1) + " to " +
+           std::to_string(b.end) + "</title></rect>\n";
+    if (x1 - x0 >= 60)
+      svg += "<text x=\"" + num((x0 + x1) / 2) + "\" y=\"" + num(kTop + 12) +
+             "\" text-anchor=\"middle\" fill=\"#777\">" + phase_name(b.phase) + "</text>\n";
+  }
+}
+
+// The step curve: the bytes after event i hold from x = i until the next event.
+std::string curve_path(const std::vector<TimelinePoint>& curve, const Frame& f, double x_end) {
+  std::string d = "M" + num(f.x(0)) + " " + num(f.y(static_cast<double>(curve[0].in_use)));
+  for (size_t i = 1; i < curve.size(); ++i)
+    d += "H" + num(f.x(static_cast<double>(curve[i].event))) + "V" +
+         num(f.y(static_cast<double>(curve[i].in_use)));
+  return d + "H" + num(f.x(x_end));
+}
+
+size_t curve_peak(const std::vector<TimelinePoint>& curve) {
+  size_t top = 0;
+  for (const TimelinePoint& p : curve) top = std::max(top, p.in_use);
+  return top;
+}
+
+std::string timeline_svg(const StepRecord& step, const StepRecord* unbudgeted) {
   const std::vector<TimelinePoint> curve = timeline_points(step, kMaxCurvePoints);
-  size_t top = std::max({step.budget, step.planned_peak, step.lower_bound, step.measured_peak});
+  const std::vector<TimelinePoint> other = unbudgeted && !unbudgeted->events.empty()
+                                               ? timeline_points(*unbudgeted, kMaxCurvePoints)
+                                               : std::vector<TimelinePoint>{};
   const TimelinePoint* peak = &curve.front();
   for (const TimelinePoint& p : curve)
     if (p.in_use > peak->in_use) peak = &p;
-  top = std::max(top, peak->in_use);
+  // The axis fits what is drawn: the curves and the lines near them.
+  size_t top = std::max({step.planned_peak, step.lower_bound, step.measured_peak, peak->in_use,
+                         other.empty() ? size_t{0} : curve_peak(other)});
+  const bool budget_drawn =
+      step.budget > 0 &&
+      (top == 0 || static_cast<double>(step.budget) <= kBudgetFarAbove * static_cast<double>(top));
+  if (budget_drawn) top = std::max(top, step.budget);
 
   Frame f;
-  f.x_max = std::max<double>(1.0, static_cast<double>(step.events.size()));
+  f.x_max = std::max<double>({1.0, static_cast<double>(step.events.size()),
+                              unbudgeted ? static_cast<double>(unbudgeted->events.size()) : 0.0});
   // Headroom above the highest line, rounded up to a whole tick.
   // At most 2^64, which a power-of-two tick divides, so no tick passes what size_t holds.
   const double wanted = top > 0 ? std::min(static_cast<double>(top) * 1.06, 0x1p64) : 1024.0;
@@ -402,20 +500,30 @@ std::string memory_timeline_svg(const StepRecord& step) {
                         ", " + std::to_string(step.recomputed_kernels) + " recomputations, " +
                         std::to_string(step.evicted_values) + " evictions, " +
                         std::to_string(step.events.size()) + " events";
+  if (unbudgeted)
+    summary += "; without a budget: peak " + format_bytes(unbudgeted->measured_peak) + ", " +
+               std::to_string(unbudgeted->events.size()) + " events";
   svg += "<text x=\"" + num(kLeft) + "\" y=\"38\">" + escape_xml(summary) + "</text>\n";
-  axes(svg, f, step.events.size());
+  if (step.budget > 0 && !budget_drawn)
+    svg += "<text class=\"budget-note\" x=\"" + num(kRight) + "\" y=\"" + num(kTop - 5) +
+           "\" text-anchor=\"end\" fill=\"#d62728\">" +
+           escape_xml("budget " + format_bytes(step.budget) + " is far above the plot (" +
+                      num(static_cast<double>(step.budget) / static_cast<double>(top)) +
+                      " times its top)") +
+           "</text>\n";
+  phase_bands(svg, step, f);
+  axes(svg, f, static_cast<size_t>(f.x_max));
 
   if (step.events.empty()) {
     svg += "<text x=\"" + num((kLeft + kRight) / 2) + "\" y=\"" + num((kTop + kBottom) / 2) +
            "\" text-anchor=\"middle\" fill=\"#777\">no events recorded (turn recording on: "
            "KILN_RECORD_STEPS=1 or kiln::memory::set_step_recording(true))</text>\n";
   } else {
-    // A step curve: the bytes after event i hold from x = i until the next event.
-    std::string d = "M" + num(f.x(0)) + " " + num(f.y(static_cast<double>(curve[0].in_use)));
-    for (size_t i = 1; i < curve.size(); ++i)
-      d += "H" + num(f.x(static_cast<double>(curve[i].event))) + "V" +
-           num(f.y(static_cast<double>(curve[i].in_use)));
-    d += "H" + num(f.x(f.x_max));
+    if (!other.empty())
+      svg += "<path class=\"unbudgeted\" d=\"" +
+             curve_path(other, f, static_cast<double>(unbudgeted->events.size())) +
+             "\" fill=\"none\" stroke=\"#7f7f7f\" stroke-width=\"1.5\"/>\n";
+    const std::string d = curve_path(curve, f, static_cast<double>(step.events.size()));
     svg += "<path d=\"" + d + "V" + num(kBottom) + "H" + num(kLeft) +
            "Z\" fill=\"#1f77b4\" fill-opacity=\"0.15\" stroke=\"none\"/>\n";
     svg += "<path class=\"in-use\" d=\"" + d +
@@ -435,12 +543,20 @@ std::string memory_timeline_svg(const StepRecord& step) {
   if (step.planned_peak > 0)
     horizontal_line(svg, f, step.planned_peak, "planned-peak", "#555555", "4 3",
                     "planned peak " + format_bytes(step.planned_peak), "start", kLeft + 4);
-  if (step.budget > 0)
+  if (budget_drawn)
     horizontal_line(svg, f, step.budget, "budget", "#d62728", "6 4",
                     "budget " + format_bytes(step.budget), "end", kRight - 4);
-  legend(svg, step);
+  legend(svg, step, budget_drawn, !other.empty());
   svg += "</svg>\n";
   return svg;
+}
+
+}  // namespace
+
+std::string memory_timeline_svg(const StepRecord& step) { return timeline_svg(step, nullptr); }
+
+std::string memory_timeline_svg(const StepRecord& step, const StepRecord& unbudgeted) {
+  return timeline_svg(step, &unbudgeted);
 }
 
 void write_chrome_trace(const std::string& path) {
@@ -449,6 +565,10 @@ void write_chrome_trace(const std::string& path) {
 
 void write_memory_timeline(const std::string& path) {
   write_text("write_memory_timeline", path, memory_timeline_svg(last_step()));
+}
+
+void write_memory_timeline(const std::string& path, const StepRecord& unbudgeted) {
+  write_text("write_memory_timeline", path, memory_timeline_svg(last_step(), unbudgeted));
 }
 
 }  // namespace kiln::memory

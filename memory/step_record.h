@@ -36,6 +36,12 @@ struct StepValue {
   bool output = false;  ///< Kept to the end of the step (a result or a held tensor).
 };
 
+/// The part of a training step a kernel belongs to, as its nodes were built: the forward
+/// pass (nodes that gradients flow through, and every kernel of a step that has none), the
+/// backward pass (the other nodes), or the update (kernels at the end of the step that read
+/// a tensor the step replaces, as an optimizer's do).
+enum class StepPhase : uint8_t { Forward, Backward, Update };
+
 /// Everything recorded about one evaluation.
 struct StepRecord {
   std::string pool;                  ///< The budgeted pool: "host pool", "cuda:0 pool".
@@ -51,6 +57,7 @@ struct StepRecord {
   double planner_ms = 0;             ///< Time spent planning.
   double step_ms = 0;                ///< Time from the first to the last event.
   std::vector<std::string> kernels;  ///< Per kernel position: its source ops.
+  std::vector<StepPhase> phases;     ///< Per kernel position: forward, backward or update.
   std::vector<StepValue> values;     ///< Per value id.
   std::vector<StepEvent> events;
 };
@@ -70,12 +77,19 @@ void set_last_step(StepRecord record);
 /// bytes in use and the budget.
 std::string chrome_trace_json(const StepRecord& step);
 /// The step's memory timeline as an SVG picture: bytes in use over the schedule, the budget
-/// line, the planned peak, and recomputations marked.
+/// line, the planned peak, recomputations marked, and the forward, backward and update
+/// phases shaded. The bytes axis fits the curves and lines drawn; a budget far above them
+/// (more than 1.5 times their top) is written above the plot instead of drawn.
 std::string memory_timeline_svg(const StepRecord& step);
+/// The same picture with the curve of `unbudgeted` (the same step run without a budget,
+/// e.g. last_step() saved before set_budget) drawn beside the budgeted one, on the same axes.
+std::string memory_timeline_svg(const StepRecord& step, const StepRecord& unbudgeted);
 /// Writes chrome_trace_json(last_step()) to `path`; throws IOError.
 void write_chrome_trace(const std::string& path);
 /// Writes memory_timeline_svg(last_step()) to `path`; throws IOError.
 void write_memory_timeline(const std::string& path);
+/// Writes memory_timeline_svg(last_step(), unbudgeted) to `path`; throws IOError.
+void write_memory_timeline(const std::string& path, const StepRecord& unbudgeted);
 
 /// One point of the timeline's bytes-in-use curve: `event` 0 is the step's start, `event` i
 /// the state after events[i - 1].

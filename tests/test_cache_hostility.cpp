@@ -803,7 +803,11 @@ TEST_CASE("cache hostility: KILN_CACHE_MAX_MB holds across 8 concurrent processe
                                                           << " entries");
   CHECK(total <= cap);
   CHECK(entries < 8 * 40);  // the cap did evict
-  CHECK(entries > 8 * 40 / 4);
+  // Evictions stop at 90% of the cap; processes that evict at once sort the same entries
+  // oldest first, so together they stay near that mark too. Checked in bytes: how many
+  // entries fit depends on the size of each object, which differs between builds (one TSan
+  // run kept 50 entries of 20 KB where a release build keeps about 160 of 6.5 KB).
+  CHECK(total > cap / 2);
   CHECK_FALSE(has_temporaries(tmp.cache()));
   KernelCache cache(tmp.cache(), 0);
   VerifyReport report = cache.verify();

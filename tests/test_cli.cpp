@@ -340,7 +340,7 @@ TEST_CASE("kiln CLI: plan replays a dumped step in every kernel order", "[cli]")
   const std::string path = tmp.root() + "/step.graph";
   kiln::memory::save_step_graph(file, path);
 
-  RunResult r = kiln_cli(tmp, "--json plan " + path + " 23 32 0.5");
+  RunResult r = kiln_cli(tmp, "--json plan " + path + " 23 32 50%releasable");
   INFO(r.out << r.err);
   REQUIRE(r.status == 0);
   Json j = Json::parse(r.out);
@@ -357,6 +357,7 @@ TEST_CASE("kiln CLI: plan replays a dumped step in every kernel order", "[cli]")
   // A share is of what the step releases in the order it runs unbudgeted, the lowest peak:
   // start 1 + kept 1 + 0.5 x (23 - 2), rounded down.
   CHECK(j.at("budgets").at(2).at("budget_bytes") == 12);
+  CHECK(j.at("budgets").at(2).at("budget") == "50%releasable");
   // The chosen plan's arena: the six values freed in the step (x1..x3, the sinks) pack with
   // no gap, so the arena is the most of them alive at once, the eager order's peak of 23
   // less the 1-byte leaf beside it. Its reserve is the pool's arena segment (just over
@@ -396,4 +397,47 @@ TEST_CASE("kiln CLI: plan replays a dumped step in every kernel order", "[cli]")
   CHECK(bad.status == 1);
   CHECK(bad.err.find("bad.graph:2") != std::string::npos);
   CHECK(kiln_cli(tmp, "plan").status == 2);
+}
+
+TEST_CASE("kiln CLI: plan reads BUDGETs with the one budget parser", "[cli][memory]") {
+  TempDir tmp;
+  kiln::memory::StepGraphFile file;
+  file.graph.values.push_back({1, -1, false, false});
+  file.graph.values.push_back({10, 0, true, false});
+  kiln::memory::PlanKernel k;
+  k.inputs = {0};
+  k.output = 1;
+  k.cost = 1e-6;
+  file.graph.kernels.push_back(k);
+  file.kernel_names.push_back("op1");
+  const std::string path = tmp.root() + "/step.graph";
+  kiln::memory::save_step_graph(file, path);
+
+  // Sizes as everywhere else; shares must say they are of the releasable bytes.
+  RunResult ok = kiln_cli(tmp, "--json plan " + path + " 4096 1KiB 1KB 20%releasable");
+  INFO(ok.out << ok.err);
+  REQUIRE(ok.status == 0);
+  Json j = Json::parse(ok.out);
+  CHECK(j.at("budgets").at(0).at("budget_bytes") == 4096);
+  CHECK(j.at("budgets").at(1).at("budget_bytes") == 1024);
+  CHECK(j.at("budgets").at(2).at("budget_bytes") == 1000);
+  // Without BUDGETs: the three shares of the releasable bytes.
+  RunResult defaults = kiln_cli(tmp, "--json plan " + path);
+  REQUIRE(defaults.status == 0);
+  CHECK(Json::parse(defaults.out).at("budgets").at(0).at("budget") == "50%releasable");
+
+  // A bare fraction is refused before any planning, with the spelling that works; so is a
+  // share of device memory, which means nothing for a step read from a file. Exit 2 with
+  // the usage, as any other command line that does not parse.
+  RunResult bare = kiln_cli(tmp, "plan " + path + " 0.5");
+  CHECK(bare.status == 2);
+  CHECK(bare.out.empty());
+  CHECK(bare.err.find("[kiln plan BUDGET] '0.5' is not accepted") != std::string::npos);
+  CHECK(bare.err.find("write 50%releasable") != std::string::npos);
+  CHECK(bare.err.find("usage: kiln [--json] plan") != std::string::npos);
+  RunResult memory_share = kiln_cli(tmp, "plan " + path + " 50%");
+  CHECK(memory_share.status == 2);
+  CHECK(memory_share.err.find("write 50%releasable") != std::string::npos);
+  CHECK(kiln_cli(tmp, "plan " + path + " none").status == 2);
+  CHECK(kiln_cli(tmp, "plan " + path + " 2M").err.find("write MB") != std::string::npos);
 }

@@ -345,7 +345,8 @@ TEST_CASE(
       {"KILN_NUM_THREADS", "99999"},  {"KILN_SEED", "-1"},
       {"KILN_SEED", "12abc"},         {"KILN_SEED", "99999999999999999999"},
       {"KILN_MEMORY_BUDGET", "lots"}, {"KILN_MEMORY_BUDGET", "1.5"},
-      {"KILN_CACHE_MAX_MB", "lots"},  {"KILN_CACHE_MAX_MB", "-5"}};
+      {"KILN_MEMORY_BUDGET", "0.5"},  {"KILN_CACHE_MAX_MB", "lots"},
+      {"KILN_CACHE_MAX_MB", "-5"}};
   for (const auto& [var, value] : cases) {
     INFO(var << "='" << value << "'");
     const std::string command = var + "='" + value + "' KILN_ERRORS_ENV_CHILD=" + var + " '" +

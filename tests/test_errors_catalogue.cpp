@@ -381,6 +381,31 @@ std::vector<Case> catalogue() {
                }});
   c.push_back({"MultiheadAttention with indivisible heads", R::Value, "[MultiheadAttention]",
                [] { nn::MultiheadAttention(10, 3); }});
+  c.push_back({"GRU with the wrong input size", R::Shape, "[GRU]", [] {
+                 (void)nn::GRU(4, 6, 1, true, false, 0.0, true).forward(kiln::zeros({5, 2, 3}));
+               }});
+  c.push_back({"LSTM with proj_size not below hidden_size", R::Value, "[LSTM]",
+               [] { nn::LSTM(4, 6, 1, true, false, 0.0, false, 6); }});
+  c.push_back({"Conv1d with the wrong channel count", R::Shape, "[Conv1d]", [] {
+                 (void)nn::Conv1d(3, 8, 3).forward(kiln::zeros({2, 4, 8}));
+               }});
+  c.push_back({"ConvTranspose2d with output_padding not below stride", R::Value,
+               "[ConvTranspose2d]", [] { nn::ConvTranspose2d(4, 4, 3, 2, 0, 2); }});
+  c.push_back({"GroupNorm with indivisible channels", R::Value, "[GroupNorm]",
+               [] { nn::GroupNorm(3, 4); }});
+  c.push_back({"InstanceNorm2d with the wrong rank", R::Shape, "[InstanceNorm2d]", [] {
+                 (void)nn::InstanceNorm2d(3).forward(kiln::zeros({2, 3}));
+               }});
+  c.push_back(
+      {"MultiheadAttention with a key of the wrong kdim", R::Shape, "[MultiheadAttention]", [] {
+         Tensor q = kiln::zeros({3, 2, 8});
+         (void)nn::MultiheadAttention(8, 2, 0.0, true, false, 4, 4)
+             .forward(q, q, kiln::zeros({3, 2, 4}));
+       }});
+  c.push_back(
+      {"TransformerDecoderLayer without memory", R::Value, "[TransformerDecoderLayer]", [] {
+         (void)nn::TransformerDecoderLayer(8, 2, 16).forward(kiln::zeros({3, 2, 8}), Tensor());
+       }});
   c.push_back({"BatchNorm2d with the wrong channels", R::Shape, "[BatchNorm2d]", [] {
                  (void)nn::BatchNorm2d(3).forward(kiln::zeros({2, 4, 5, 5}));
                }});
@@ -614,10 +639,12 @@ std::vector<Case> catalogue() {
                }});
   c.push_back({"a variable kiln does not have", R::Value, "[settings]",
                [] { (void)kiln::settings::text("KILN_NO_SUCH_VARIABLE"); }});
-  c.push_back({"set_budget of an unparseable size", R::Value, "[memory]",
+  c.push_back({"set_budget of an unparseable size", R::Value, "[set_budget]",
                [] { kiln::memory::set_budget(std::string("lots")); }});
-  c.push_back({"set_budget of a fraction above 1", R::Value, "[memory]",
-               [] { kiln::memory::set_budget(std::string("1.5")); }});
+  c.push_back({"set_budget of a bare fraction", R::Value, "[set_budget]",
+               [] { kiln::memory::set_budget(std::string("0.5")); }});
+  c.push_back({"set_budget of a share above 100%", R::Value, "[set_budget]",
+               [] { kiln::memory::set_budget(std::string("150%")); }});
   return c;
 }
 

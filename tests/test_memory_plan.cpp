@@ -589,15 +589,15 @@ TEST_CASE("checkpoint releases the function's intermediates and rebuilds them", 
   CHECK(ck.step_bytes + (3u << 20) < plain.step_bytes);
 }
 
-TEST_CASE("memory budgets parse sizes and fractions", "[plan]") {
+TEST_CASE("memory budgets parse sizes and percentages", "[plan]") {
   BudgetGuard guard;
   memory::set_budget(std::string("512MiB"));
   CHECK(memory::budget() == 512ull << 20);
   memory::set_budget(std::string("2GB"));
   CHECK(memory::budget() == 2000000000ull);
-  memory::set_budget(std::string("0.5"));
+  memory::set_budget(std::string("50%"));
   const size_t half = memory::budget();
-  memory::set_budget(std::string("0.25"));
+  memory::set_budget(std::string("25%"));
   CHECK(memory::budget() > 0);
   CHECK(half / 2 - memory::budget() <= 4096);
   CHECK_THAT(memory::budget_description(), Catch::Contains("25% of device memory"));
@@ -607,11 +607,12 @@ TEST_CASE("memory budgets parse sizes and fractions", "[plan]") {
              Catch::Contains("[plan] budget 25% of device memory (" +
                              memory::format_bytes(memory::budget()) + " of the host pool)"));
   CHECK_THROWS_AS(memory::set_budget(std::string("1.5")), ValueError);
+  CHECK_THROWS_AS(memory::set_budget(std::string("0.5")), ValueError);
   CHECK_THROWS_AS(memory::set_budget(std::string("lots")), ValueError);
-  // The message names the spec and every accepted form, fractions included.
+  // The message names the spec and every accepted form, percentages included.
   CHECK_THROWS_WITH(memory::set_budget(std::string("lots")),
                     Catch::Matchers::Contains("'lots'") && Catch::Matchers::Contains("512MiB") &&
-                        Catch::Matchers::Contains("fraction of device memory such as 0.5"));
+                        Catch::Matchers::Contains("a percentage of device memory"));
   memory::clear_budget();
   CHECK(memory::budget() == 0);
   CHECK_THAT(memory::report(), Catch::Contains("[plan] budget none"));

@@ -182,3 +182,91 @@ TEST_CASE("dropout's new draws each step reuse the plan and lower only the kerne
   CHECK(after.hits - before.hits >= 4);
   CHECK(after.hits_relowered - before.hits_relowered >= 4);
 }
+
+TEST_CASE("a plan miss names the guard that failed against the plan of the same ops",
+          "[replay][values]") {
+  Generator gen(21);
+  auto f = [](const Tensor& x, const Tensor& y, const Tensor& z) { return exp(x * y) - z; };
+  // Evaluates f on new inputs; returns the replay counts of f's evaluation alone.
+  auto delta = [&](const Shape& shape, DType dtype) {
+    const Tensor x = randn(shape, dtype, gen).eval(), y = randn(shape, dtype, gen).eval(),
+                 z = randn(shape, dtype, gen).eval();
+    std::vector<double> want;
+    {
+      ExecutorScope ref("reference");
+      want = f(x, y, z).to_vector<double>();
+    }
+    const jit::ReplayStats before = jit::replay_stats();
+    const Tensor got = f(x, y, z).eval();
+    const jit::ReplayStats after = jit::replay_stats();
+    // float32 exp of a product against float64: a few ulps.
+    check_close(got.to_vector<double>(), want, 1e-5);
+    jit::ReplayStats d;
+    d.hits = after.hits - before.hits;
+    d.misses = after.misses - before.misses;
+    d.hits_relowered = after.hits_relowered - before.hits_relowered;
+    d.missed_new_graph = after.missed_new_graph - before.missed_new_graph;
+    d.missed_dtype = after.missed_dtype - before.missed_dtype;
+    d.missed_broadcast = after.missed_broadcast - before.missed_broadcast;
+    d.missed_attributes = after.missed_attributes - before.missed_attributes;
+    d.missed_roles = after.missed_roles - before.missed_roles;
+    d.missed_dropped = after.missed_dropped - before.missed_dropped;
+    INFO("hits " << d.hits << ", misses " << d.misses << " (new " << d.missed_new_graph
+                 << ", dtype " << d.missed_dtype << ", broadcast " << d.missed_broadcast
+                 << ", attributes " << d.missed_attributes << ", roles " << d.missed_roles
+                 << ", dropped " << d.missed_dropped << ")");
+    CHECK(d.hits + d.misses == 1);
+    return d;
+  };
+  delta({6, 5}, DType::Float32);
+  CHECK(delta({6, 5}, DType::Float32).hits == 1);
+  // Each miss is compared with the last plan made for the same ops.
+  CHECK(delta({6, 1}, DType::Float32).missed_broadcast == 1);  // which dims are 1 is structure
+  CHECK(delta({6, 1}, DType::Float64).missed_dtype == 1);
+  const jit::ReplayStats resized = delta({7, 3}, DType::Float32);  // other sizes: a hit
+  CHECK(resized.hits_relowered == 1);
+  const jit::ReplayStats before = jit::replay_stats();
+  const Tensor x = randn({4}, DType::Float32, gen).eval();
+  const double first = sum(sqrt(abs(x) + 2.5) * tanh(x)).item<double>();
+  CHECK(sum(sqrt(abs(x) + 2.5) * tanh(x)).item<double>() == first);  // the replay, same bits
+  const jit::ReplayStats after = jit::replay_stats();
+  CHECK(after.missed_new_graph > before.missed_new_graph);
+  const uint64_t reasons = after.missed_new_graph + after.missed_dtype + after.missed_device +
+                           after.missed_broadcast + after.missed_attributes + after.missed_roles +
+                           after.missed_dropped;
+  CHECK(reasons == after.misses);  // every miss has exactly one reason
+}
+
+TEST_CASE("small schedules that simplify left unchanged skip it when replayed, others do not",
+          "[replay][values]") {
+  Generator gen(23);
+  auto run = [&](const std::function<Tensor(const Tensor&, const Tensor&)>& f, const Shape& shape) {
+    const Tensor a = randn(shape, DType::Float32, gen).eval();
+    const Tensor b = randn(shape, DType::Float32, gen).eval();
+    std::vector<double> want;
+    {
+      ExecutorScope ref("reference");
+      want = f(a, b).to_vector<double>();
+    }
+    // float32 elementwise against float64: one rounding per op.
+    check_close(f(a, b).to_vector<double>(), want, 1e-6);
+  };
+  auto plain = [](const Tensor& a, const Tensor& b) { return relu(a * b + a); };
+  // x * 1 and x + (-0.0) are rewritten by simplify each time: never skipped.
+  auto rewritten = [](const Tensor& a, const Tensor& b) { return (a * 1.0 + (-0.0)) * b; };
+  run(plain, {16});
+  const jit::ReplayStats before = jit::replay_stats();
+  for (int k = 0; k < 4; ++k) run(plain, {16});
+  const jit::ReplayStats after_plain = jit::replay_stats();
+  CHECK(after_plain.simplify_skipped - before.simplify_skipped == 4);
+  run(plain, {9});  // new sizes: simplify runs again (its rules read sizes)
+  const jit::ReplayStats after_resize = jit::replay_stats();
+  CHECK(after_resize.simplify_skipped == after_plain.simplify_skipped);
+  run(plain, {9});
+  CHECK(jit::replay_stats().simplify_skipped - after_resize.simplify_skipped == 1);
+  const jit::ReplayStats before_rewritten = jit::replay_stats();
+  for (int k = 0; k < 4; ++k) run(rewritten, {16});
+  const jit::ReplayStats after_rewritten = jit::replay_stats();
+  CHECK(after_rewritten.simplify_skipped == before_rewritten.simplify_skipped);
+  CHECK(after_rewritten.hits - before_rewritten.hits >= 3);
+}

@@ -380,6 +380,65 @@ TEST_CASE("memory timeline survives sizes near the top of size_t", "[trace]") {
   check_byte_axis(svg, 1.8e19);
 }
 
+TEST_CASE("memory timeline fits its axis to the data and notes a budget far above it",
+          "[trace][memory]") {
+  StepRecord step = sample_step(13);
+  step.budget = 100 * step.measured_peak;
+  const std::string svg = kiln::memory::memory_timeline_svg(step);
+  CHECK(xml_problem(svg) == "");
+  CHECK_FALSE(has_bad_number(svg));
+  CHECK(count(svg, "class=\"budget\"") == 0);
+  CHECK(count(svg, "class=\"budget-note\"") == 1);
+  CHECK(svg.find("budget " + kiln::memory::format_bytes(step.budget) + " is far above the plot") !=
+        std::string::npos);
+  // The axis ends just above the measured peak, not at the budget.
+  check_byte_axis(svg, static_cast<double>(step.measured_peak));
+  CHECK(byte_ticks(svg).back() < 2.0 * static_cast<double>(step.measured_peak));
+  // A budget near the data is drawn at its place.
+  step.budget = step.measured_peak + step.measured_peak / 4;
+  const std::string near = kiln::memory::memory_timeline_svg(step);
+  CHECK(count(near, "class=\"budget\"") == 1);
+  CHECK(count(near, "class=\"budget-note\"") == 0);
+  check_byte_axis(near, static_cast<double>(step.budget));
+}
+
+TEST_CASE("memory timeline shades the forward, backward and update phases", "[trace][memory]") {
+  using Phase = kiln::memory::StepPhase;
+  StepRecord step = sample_step(14);
+  step.phases = {Phase::Forward,  Phase::Forward,  Phase::Forward,
+                 Phase::Backward, Phase::Backward, Phase::Update};
+  const std::string svg = kiln::memory::memory_timeline_svg(step);
+  CHECK(xml_problem(svg) == "");
+  CHECK_FALSE(has_bad_number(svg));
+  // One band per run of a phase: the rebuild of kernel 0 (forward) during the backward pass
+  // stays in the backward band.
+  CHECK(count(svg, "class=\"phase-forward\"") == 1);
+  CHECK(count(svg, "class=\"phase-backward\"") == 1);
+  CHECK(count(svg, "class=\"phase-update\"") == 1);
+  for (const char* name : {">forward<", ">backward<", ">update<"})
+    CHECK(svg.find(name) != std::string::npos);
+  // Without phases (an old record, a hand-built one) there are no bands.
+  step.phases.clear();
+  CHECK(kiln::memory::memory_timeline_svg(step).find("class=\"phase-") == std::string::npos);
+}
+
+TEST_CASE("memory timeline draws an unbudgeted step's curve beside the budgeted one",
+          "[trace][memory]") {
+  StepRecord budgeted = sample_step(15);
+  StepRecord unbudgeted = sample_step(16);
+  unbudgeted.budget = 0;
+  const std::string svg = kiln::memory::memory_timeline_svg(budgeted, unbudgeted);
+  CHECK(xml_problem(svg) == "");
+  CHECK_FALSE(has_bad_number(svg));
+  CHECK(count(svg, "class=\"unbudgeted\"") == 1);
+  CHECK(count(svg, "class=\"in-use\"") == 1);
+  CHECK(svg.find("without a budget: peak " +
+                 kiln::memory::format_bytes(unbudgeted.measured_peak)) != std::string::npos);
+  check_byte_axis(svg, static_cast<double>(std::max(unbudgeted.measured_peak, budgeted.budget)));
+  CHECK(kiln::memory::memory_timeline_svg(budgeted).find("class=\"unbudgeted\"") ==
+        std::string::npos);
+}
+
 TEST_CASE("timeline decimation keeps the peak, the ends and the order", "[trace]") {
   const uint64_t seed = GENERATE(21u, 22u, 23u);
   size_t spike = 0;

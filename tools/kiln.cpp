@@ -51,9 +51,11 @@ constexpr const char* kPlanUsage =
     "in every kernel order: unplanned peak and smallest budget per order, then at each\n"
     "BUDGET the peak, extra work and rebuilds per order, the order kiln would run, and\n"
     "its arena and pool reserve as a CPU step fits them (held within the budget or over).\n"
-    "A BUDGET is a size (\"40MiB\", \"2GB\", bytes) or a number in (0, 1]: that share of\n"
-    "the bytes the step releases (unplanned peak less what it starts with and keeps).\n"
-    "Without BUDGETs: 0.5 0.33 0.2.\n";
+    "A BUDGET is a size: whole bytes (4096) or a number with a unit, KB MB GB TB (powers\n"
+    "of 1000) or KiB MiB GiB TiB (powers of 1024), such as 40MiB or 1.5GiB; or a share of\n"
+    "the bytes the step releases (unplanned peak less what it starts with and keeps) on top\n"
+    "of those, written as a percentage: 50%releasable. A bare 0.5 is refused (bytes are\n"
+    "whole). Without BUDGETs: 50%releasable 33%releasable 20%releasable.\n";
 
 constexpr const char* kInfoUsage =
     "usage: kiln [--json] info\n"

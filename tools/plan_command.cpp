@@ -12,6 +12,7 @@
 #include "core/error.h"
 #include "memory/arena_fit.h"
 #include "memory/budget.h"
+#include "memory/budget_spec.h"
 #include "memory/caching_pool.h"
 #include "memory/device_pools.h"
 #include "memory/schedule_order.h"
@@ -25,19 +26,26 @@ namespace {
 using Json = nlohmann::json;
 namespace mem = kiln::memory;
 
-// A bare number in (0, 1] is a share of the bytes the step releases (its unplanned peak
-// less what it starts with and keeps); anything else is a memory size ("40MiB").
-size_t parse_budget(const std::string& text, size_t floor, size_t releasable) {
-  char* end = nullptr;
-  const double v = std::strtod(text.c_str(), &end);
-  if (end != text.c_str() && *end == '\0' && v > 0 && v <= 1)
-    return floor + static_cast<size_t>(v * static_cast<double>(releasable));
-  return mem::parse_memory_size(text, "budget");
+// Every BUDGET parsed before any planning; a malformed one is a command line that does not
+// parse (exit 2 with the usage), as in the examples' --memory-budget.
+std::vector<mem::BudgetSpec> parse_budgets(const std::vector<std::string>& texts) {
+  std::vector<mem::BudgetSpec> specs;
+  for (const std::string& text : texts) {
+    try {
+      specs.push_back(mem::parse_budget(text, "kiln plan BUDGET", mem::BudgetContext::PlanFile));
+    } catch (const mem::BudgetError& e) {
+      throw UsageError{e.what()};
+    }
+  }
+  return specs;
 }
 
 }  // namespace
 
 int run_plan_command(const Invocation& inv) {
+  std::vector<std::string> budgets(inv.words.begin() + 2, inv.words.end());
+  if (budgets.empty()) budgets = {"50%releasable", "33%releasable", "20%releasable"};
+  const std::vector<mem::BudgetSpec> specs = parse_budgets(budgets);
   const mem::StepGraphFile file = mem::load_step_graph(inv.words[1]);
   const mem::StepGraph& g = file.graph;
   size_t kept = 0;
@@ -65,8 +73,6 @@ int run_plan_command(const Invocation& inv) {
   }
   const size_t floor = g.start_bytes + kept;
   const size_t releasable = unplanned > floor ? unplanned - floor : 0;
-  std::vector<std::string> budgets(inv.words.begin() + 2, inv.words.end());
-  if (budgets.empty()) budgets = {"0.5", "0.33", "0.2"};
 
   Json doc;
   doc["file"] = inv.words[1];
@@ -94,8 +100,12 @@ int run_plan_command(const Invocation& inv) {
                              {"unplanned_peak", o.peak},
                              {"smallest_budget", o.smallest}});
   }
-  for (const std::string& spec : budgets) {
-    const size_t budget = parse_budget(spec, floor, releasable);
+  for (size_t b = 0; b < budgets.size(); ++b) {
+    const std::string& spec = budgets[b];
+    // A share is of the bytes the step releases, on top of what it starts with and keeps.
+    const size_t budget = specs[b].kind == mem::BudgetSpec::Kind::ShareOfReleasable
+                              ? floor + specs[b].bytes_of(releasable)
+                              : specs[b].bytes_of(0);
     mem::PlannerOptions options;
     options.budget = budget;
     std::snprintf(line, sizeof line, "budget %s (%s):\n", spec.c_str(),

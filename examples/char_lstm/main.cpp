@@ -42,6 +42,7 @@ class CharLSTM : public nn::Module {
 };
 
 int run(const example::Flags& flags) {
+  example::check_memory_flags(flags);
   const example::AmpMode amp_mode = example::amp_mode(flags);
   manual_seed(static_cast<uint64_t>(flags.integer("seed")));
   example::TextCorpus corpus(flags.str("text"));
@@ -94,15 +95,17 @@ int run(const example::Flags& flags) {
   Tensor h, c;
   Tensor tokens = reshape(corpus.encode(prompt), {1, static_cast<int64_t>(prompt.size())});
   const double temperature = flags.real("temperature");
-  for (int64_t i = 0; i < flags.integer("sample-length"); ++i) {
-    nn::LSTMOutput out = model->forward(tokens, h, c);
-    h = out.h_n;
-    c = out.c_n;
-    Tensor last = slice(out.output, 1, -1, out.output.size(1));
-    int64_t next = example::sample_token(reshape(last, {corpus.vocab_size()}), temperature, rng);
-    sample += corpus.decode(next);
-    tokens = reshape(from_vector<int64_t>({next}), {1, 1});
-  }
+  example::in_phase("sampling after step " + std::to_string(steps), [&] {
+    for (int64_t i = 0; i < flags.integer("sample-length"); ++i) {
+      nn::LSTMOutput out = model->forward(tokens, h, c);
+      h = out.h_n;
+      c = out.c_n;
+      Tensor last = slice(out.output, 1, -1, out.output.size(1));
+      int64_t next = example::sample_token(reshape(last, {corpus.vocab_size()}), temperature, rng);
+      sample += corpus.decode(next);
+      tokens = reshape(from_vector<int64_t>({next}), {1, 1});
+    }
+  });
   std::printf("\nsample (temperature %.2f):\n%s\n", temperature, sample.c_str());
   example::print_runtime_report();
   return 0;

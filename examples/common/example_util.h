@@ -4,18 +4,23 @@
 // (--memory-budget, --memory-timeline, --trace), and the closing report (kernel cache, memory
 // pools, budget and the last step's plan).
 #include <kiln/kiln.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <iostream>
 #include <map>
+#include <optional>
 #include <sstream>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
+#include "core/settings.h"
 #include "flags.h"
+#include "memory/budget_spec.h"
 #include "memory/memory.h"
 #include "memory/step_record.h"
 
@@ -84,21 +89,81 @@ inline AmpMode amp_mode(const Flags& flags) {
 /// bytes in use as an SVG picture, and its kernels as a Chrome trace.
 inline void add_memory_flags(Flags& flags) {
   flags.add("memory-budget", "",
-            "memory budget of every step: 512MiB, 2GB, bytes, or a fraction of RAM such as "
-            "0.5 (default: KILN_MEMORY_BUDGET, else none)");
+            "memory budget of every step: whole bytes, a size with a unit (KB MB GB = powers "
+            "of 1000, KiB MiB GiB = powers of 1024: 300MB, 512MiB, 1.5GiB), a percentage of "
+            "RAM (50%), or none (default: KILN_MEMORY_BUDGET, else none)");
   flags.add("memory-timeline", "",
             "write the last training step's memory timeline (SVG picture) to this file");
   flags.add("trace", "",
             "write the last training step as a Chrome trace (ui.perfetto.dev, chrome://tracing)");
 }
 
+/// Why nothing can be written to `path`, or "" when it can: its directory exists and takes
+/// new files, and the file, when it exists, is a writable file. Creates nothing.
+inline std::string unwritable_reason(const std::string& path) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const fs::path file(path);
+  if (fs::is_directory(file, ec)) return "it is a directory";
+  const fs::path dir = file.has_parent_path() ? file.parent_path() : fs::path(".");
+  if (!fs::exists(dir, ec)) return "directory '" + dir.string() + "' does not exist";
+  if (!fs::is_directory(dir, ec)) return "'" + dir.string() + "' is not a directory";
+  if (fs::exists(file, ec)) {
+    if (::access(path.c_str(), W_OK) != 0) return "the file is not writable";
+  } else if (::access(dir.c_str(), W_OK | X_OK) != 0) {
+    return "directory '" + dir.string() + "' is not writable";
+  }
+  return "";
+}
+
+/// Checks the memory flags before any work, so a mistake costs no training: a malformed
+/// --memory-budget is a usage error (exit 2, the parser's message naming the flag and the
+/// accepted forms), and an output that cannot be written (--memory-timeline, --trace, the
+/// flags in `outputs` such as "save", and KILN_PLAN_DUMP) an error (exit 1) naming it.
+inline void check_memory_flags(const Flags& flags, const std::vector<std::string>& outputs = {}) {
+  if (const std::string spec = flags.str("memory-budget"); !spec.empty()) {
+    try {
+      (void)kiln::memory::parse_budget(spec, "--memory-budget", kiln::memory::BudgetContext::Pool);
+    } catch (const kiln::memory::BudgetError& e) {
+      throw UsageError(e.what());
+    }
+  }
+  std::vector<std::string> names = {"memory-timeline", "trace"};
+  names.insert(names.end(), outputs.begin(), outputs.end());
+  for (const std::string& name : names)
+    if (const std::string path = flags.str(name); !path.empty())
+      if (const std::string why = unwritable_reason(path); !why.empty())
+        throw kiln::IOError("[--" + name + "] cannot write '" + path + "': " + why +
+                            "; nothing was run");
+  if (const std::optional<std::string> dump = kiln::settings::text("KILN_PLAN_DUMP")) {
+    std::string first = *dump;  // the first file's name when it numbers them
+    if (const size_t at = first.find("%n"); at != std::string::npos) first.replace(at, 2, "000000");
+    if (const std::string why = unwritable_reason(first); !why.empty())
+      kiln::settings::reject("KILN_PLAN_DUMP", *dump, "cannot write '" + first + "': " + why);
+  }
+}
+
 /// Sets the budget --memory-budget asks for and turns step recording on when either picture
-/// was asked for; call it before training. A budget kiln cannot parse throws ValueError.
+/// was asked for; call it before training (check_memory_flags has read the flags already).
 inline void apply_memory_flags(const Flags& flags) {
   if (const std::string spec = flags.str("memory-budget"); !spec.empty())
-    kiln::memory::set_budget(spec);
+    kiln::memory::set_budget(
+        kiln::memory::parse_budget(spec, "--memory-budget", kiln::memory::BudgetContext::Pool));
   if (!flags.str("memory-timeline").empty() || !flags.str("trace").empty())
     kiln::memory::set_step_recording(true);
+}
+
+/// Runs an evaluation phase after training ("the test pass after epoch 30", "sampling after
+/// step 400"): a step of it that does not fit the memory budget is reported as that phase's,
+/// since the same budget held for training.
+template <typename Run>
+auto in_phase(const std::string& phase, Run&& run) {
+  try {
+    return run();
+  } catch (const kiln::OutOfMemoryError& e) {
+    throw kiln::OutOfMemoryError(
+        phase + " does not fit the memory budget that training ran in: " + e.what());
+  }
 }
 
 /// Prints the last training step's memory in one line when a budget is set (peak against
@@ -137,13 +202,16 @@ inline void print_runtime_report() {
               static_cast<unsigned long long>(s.disk_hits),
               s.disk_enabled ? ("directory " + s.directory).c_str() : "memory only");
   const kiln::jit::ReplayStats r = kiln::jit::replay_stats();
+  auto u = [](uint64_t v) { return static_cast<unsigned long long>(v); };
   std::printf(
       "replay: %llu of %llu evaluations reused a plan (%llu with new sizes or draws), %llu "
       "kernel launches replayed\n",
-      static_cast<unsigned long long>(r.hits),
-      static_cast<unsigned long long>(r.hits + r.misses),
-      static_cast<unsigned long long>(r.hits_relowered),
-      static_cast<unsigned long long>(r.launches_replayed));
+      u(r.hits), u(r.hits + r.misses), u(r.hits_relowered), u(r.launches_replayed));
+  std::printf(
+      "plans made: %llu new graphs, %llu for another dtype, %llu device, %llu broadcast, %llu "
+      "attributes, %llu outputs, %llu dropped from the cache\n",
+      u(r.missed_new_graph), u(r.missed_dtype), u(r.missed_device), u(r.missed_broadcast),
+      u(r.missed_attributes), u(r.missed_roles), u(r.missed_dropped));
   std::printf("\nmemory:\n%s\n", kiln::memory::report().c_str());
 }
 

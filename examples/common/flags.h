@@ -86,6 +86,7 @@ class Flags {
       fail(e.what());
       return 2;
     } catch (const std::exception& e) {
+      std::fflush(stdout);  // what the program printed comes first in a log of both streams
       std::fprintf(stderr, "%s: error: %s\n", program_.c_str(), e.what());
       return 1;
     }

@@ -29,6 +29,7 @@ double accuracy(const Tensor& logits, const Tensor& labels) {
 }
 
 int run(const example::Flags& flags) {
+  example::check_memory_flags(flags, {"save"});
   const example::AmpMode amp_mode = example::amp_mode(flags);
   manual_seed(static_cast<uint64_t>(flags.integer("seed")));
   const int64_t epochs = flags.integer("epochs");
@@ -92,22 +93,24 @@ int run(const example::Flags& flags) {
   }
   example::report_training_memory(flags);  // the last step recorded is a training step
 
-  model->eval();
-  double test_acc;
-  {
-    NoGradGuard no_grad;
-    amp::autocast scope(Device::cpu(), amp_mode.dtype, amp_mode.enabled);
-    test_acc = accuracy(model->forward(test.tensors()[0]), test.tensors()[1]);
-  }
   std::printf("trained %lld epochs in %.1f s\n", static_cast<long long>(epochs),
               example::seconds_since(start));
-  std::printf("test accuracy: %.1f%%\n", test_acc);
-
+  // Saved before the test pass: an evaluation that fails (a budget that fits training but
+  // not the whole test split at once) must not lose the trained weights.
   if (!flags.str("save").empty()) {
     save_safetensors(flags.str("save"), model->state_dict(), {{"input_scale", "0.0625"}});
     std::printf("weights saved to %s (run examples/embed on them with --scale 0.0625)\n",
                 flags.str("save").c_str());
   }
+
+  model->eval();
+  const double test_acc =
+      example::in_phase("the test pass after epoch " + std::to_string(epochs), [&] {
+        NoGradGuard no_grad;
+        amp::autocast scope(Device::cpu(), amp_mode.dtype, amp_mode.enabled);
+        return accuracy(model->forward(test.tensors()[0]), test.tensors()[1]);
+      });
+  std::printf("test accuracy: %.1f%%\n", test_acc);
   example::print_runtime_report();
   return 0;
 }

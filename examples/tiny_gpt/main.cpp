@@ -56,6 +56,7 @@ class TinyGPT : public nn::Module {
 };
 
 int run(const example::Flags& flags) {
+  example::check_memory_flags(flags);
   const example::AmpMode amp_mode = example::amp_mode(flags);
   manual_seed(static_cast<uint64_t>(flags.integer("seed")));
   example::TextCorpus corpus(flags.str("text"));
@@ -116,15 +117,17 @@ int run(const example::Flags& flags) {
   std::string sample = flags.str("prompt");
   std::vector<int64_t> ids = corpus.encode(sample).to_vector<int64_t>();
   const double temperature = flags.real("temperature");
-  for (int64_t i = 0; i < flags.integer("sample-length"); ++i) {
-    int64_t t = std::min<int64_t>(static_cast<int64_t>(ids.size()), context);
-    std::vector<int64_t> window(ids.end() - t, ids.end());
-    Tensor logits = model->forward(from_vector(window, {1, t}));
-    Tensor last = reshape(slice(logits, 1, t - 1, t), {vocab});
-    int64_t next = example::sample_token(last, temperature, rng);
-    ids.push_back(next);
-    sample += corpus.decode(next);
-  }
+  example::in_phase("sampling after step " + std::to_string(steps), [&] {
+    for (int64_t i = 0; i < flags.integer("sample-length"); ++i) {
+      int64_t t = std::min<int64_t>(static_cast<int64_t>(ids.size()), context);
+      std::vector<int64_t> window(ids.end() - t, ids.end());
+      Tensor logits = model->forward(from_vector(window, {1, t}));
+      Tensor last = reshape(slice(logits, 1, t - 1, t), {vocab});
+      int64_t next = example::sample_token(last, temperature, rng);
+      ids.push_back(next);
+      sample += corpus.decode(next);
+    }
+  });
   std::printf("\nsample (temperature %.2f):\n%s\n", temperature, sample.c_str());
   example::print_runtime_report();
   return 0;

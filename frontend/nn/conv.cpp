@@ -27,6 +27,29 @@ void require_size(Size2 s, const std::string& layer, const char* what, int64_t l
   }
 }
 
+// The convolutions' shared channel and group checks.
+void require_channels(const std::string& layer, int64_t in, int64_t out, int64_t g) {
+  require_positive(in, layer, "in_channels");
+  require_positive(out, layer, "out_channels");
+  require_positive(g, layer, "groups");
+  if (in % g != 0) {
+    throw ValueError("[" + layer + "] in_channels " + std::to_string(in) +
+                     " is not divisible by groups " + std::to_string(g));
+  }
+  if (out % g != 0) {
+    throw ValueError("[" + layer + "] out_channels " + std::to_string(out) +
+                     " is not divisible by groups " + std::to_string(g));
+  }
+}
+
+void require_in_channels(const Tensor& x, const std::string& layer, int64_t want, int rank) {
+  if (x.size(-rank) != want) {
+    throw ShapeError("[" + layer + "] expected input with " + std::to_string(want) +
+                     " channels (in_channels) in dimension " + std::to_string(x.ndim() - rank) +
+                     ", got " + describe(x));
+  }
+}
+
 }  // namespace
 
 Conv2d::Conv2d(int64_t in, int64_t out, Size2 k, Size2 s, Size2 p, Size2 d, int64_t g,
@@ -39,21 +62,11 @@ Conv2d::Conv2d(int64_t in, int64_t out, Size2 k, Size2 s, Size2 p, Size2 d, int6
       padding(p),
       dilation(d),
       groups(g) {
-  require_positive(in, name(), "in_channels");
-  require_positive(out, name(), "out_channels");
-  require_positive(g, name(), "groups");
+  require_channels(name(), in, out, g);
   require_size(k, name(), "kernel_size", 1);
   require_size(s, name(), "stride", 1);
   require_size(d, name(), "dilation", 1);
   require_size(p, name(), "padding", 0);
-  if (in % g != 0) {
-    throw ValueError("[Conv2d] in_channels " + std::to_string(in) + " is not divisible by groups " +
-                     std::to_string(g));
-  }
-  if (out % g != 0) {
-    throw ValueError("[Conv2d] out_channels " + std::to_string(out) +
-                     " is not divisible by groups " + std::to_string(g));
-  }
   const int64_t fan_in = in / g * k.h * k.w;
   double bound = 1.0 / std::sqrt(static_cast<double>(fan_in));
   weight = register_parameter("weight", init::uniform({out, in / g, k.h, k.w}, -bound, bound));
@@ -63,11 +76,7 @@ Conv2d::Conv2d(int64_t in, int64_t out, Size2 k, Size2 s, Size2 p, Size2 d, int6
 Tensor Conv2d::forward(const Tensor& x) {
   require_image(x, name());
   detail::require_layer_input(x, name(), weight.dtype());
-  if (x.size(-3) != in_channels) {
-    throw ShapeError("[Conv2d] expected input with " + std::to_string(in_channels) +
-                     " channels (in_channels) in dimension " + std::to_string(x.ndim() - 3) +
-                     ", got " + describe(x));
-  }
+  require_in_channels(x, name(), in_channels, 3);
   const int64_t h = x.size(-2), w = x.size(-1);
   if (h + 2 * padding.h < dilation.h * (kernel_size.h - 1) + 1 ||
       w + 2 * padding.w < dilation.w * (kernel_size.w - 1) + 1) {
@@ -81,6 +90,97 @@ std::string Conv2d::extra_repr() const {
   std::string s = std::to_string(in_channels) + ", " + std::to_string(out_channels) +
                   ", kernel_size=" + kernel_size.str() + ", stride=" + stride.str();
   if (padding != Size2(0)) s += ", padding=" + padding.str();
+  if (dilation != Size2(1)) s += ", dilation=" + dilation.str();
+  if (groups != 1) s += ", groups=" + std::to_string(groups);
+  if (!bias.defined()) s += ", bias=false";
+  return s;
+}
+
+Conv1d::Conv1d(int64_t in, int64_t out, int64_t k, int64_t s, int64_t p, int64_t d, int64_t g,
+               bool with_bias)
+    : UnaryModule("Conv1d"),
+      in_channels(in),
+      out_channels(out),
+      kernel_size(k),
+      stride(s),
+      padding(p),
+      dilation(d),
+      groups(g) {
+  require_channels(name(), in, out, g);
+  require_positive(k, name(), "kernel_size");
+  require_positive(s, name(), "stride");
+  require_positive(d, name(), "dilation");
+  if (p < 0) throw ValueError("[Conv1d] padding must be >= 0, got " + std::to_string(p));
+  const double bound = 1.0 / std::sqrt(static_cast<double>(in / g * k));
+  weight = register_parameter("weight", init::uniform({out, in / g, k}, -bound, bound));
+  if (with_bias) bias = register_parameter("bias", init::uniform({out}, -bound, bound));
+}
+
+Tensor Conv1d::forward(const Tensor& x) {
+  detail::require_defined(x, name(), "input");
+  if (x.ndim() != 2 && x.ndim() != 3) {
+    throw ShapeError("[Conv1d] expected a 3-D input [N, C, L] or 2-D [C, L], got " + describe(x));
+  }
+  detail::require_layer_input(x, name(), weight.dtype());
+  require_in_channels(x, name(), in_channels, 2);
+  if (x.size(-1) + 2 * padding < dilation * (kernel_size - 1) + 1) {
+    throw ShapeError("[Conv1d] input " + describe(x) + " with padding " + std::to_string(padding) +
+                     " is smaller than the (dilated) kernel " + std::to_string(kernel_size));
+  }
+  return F::conv1d(x, weight, bias, stride, padding, dilation, groups);
+}
+
+std::string Conv1d::extra_repr() const {
+  std::string s = std::to_string(in_channels) + ", " + std::to_string(out_channels) +
+                  ", kernel_size=" + std::to_string(kernel_size) +
+                  ", stride=" + std::to_string(stride);
+  if (padding != 0) s += ", padding=" + std::to_string(padding);
+  if (dilation != 1) s += ", dilation=" + std::to_string(dilation);
+  if (groups != 1) s += ", groups=" + std::to_string(groups);
+  if (!bias.defined()) s += ", bias=false";
+  return s;
+}
+
+ConvTranspose2d::ConvTranspose2d(int64_t in, int64_t out, Size2 k, Size2 s, Size2 p, Size2 op,
+                                 int64_t g, bool with_bias, Size2 d)
+    : UnaryModule("ConvTranspose2d"),
+      in_channels(in),
+      out_channels(out),
+      kernel_size(k),
+      stride(s),
+      padding(p),
+      output_padding(op),
+      groups(g),
+      dilation(d) {
+  require_channels(name(), in, out, g);
+  require_size(k, name(), "kernel_size", 1);
+  require_size(s, name(), "stride", 1);
+  require_size(d, name(), "dilation", 1);
+  require_size(p, name(), "padding", 0);
+  require_size(op, name(), "output_padding", 0);
+  if ((op.h >= s.h && op.h >= d.h) || (op.w >= s.w && op.w >= d.w)) {
+    throw ValueError("[ConvTranspose2d] output_padding " + op.str() +
+                     " must be smaller than either stride " + s.str() + " or dilation " + d.str());
+  }
+  // PyTorch's fan_in for a transposed weight [in, out/g, kh, kw] is its dimension 1 times
+  // the kernel area.
+  const double bound = 1.0 / std::sqrt(static_cast<double>(out / g * k.h * k.w));
+  weight = register_parameter("weight", init::uniform({in, out / g, k.h, k.w}, -bound, bound));
+  if (with_bias) bias = register_parameter("bias", init::uniform({out}, -bound, bound));
+}
+
+Tensor ConvTranspose2d::forward(const Tensor& x) {
+  require_image(x, name());
+  detail::require_layer_input(x, name(), weight.dtype());
+  require_in_channels(x, name(), in_channels, 3);
+  return F::conv_transpose2d(x, weight, bias, stride, padding, output_padding, groups, dilation);
+}
+
+std::string ConvTranspose2d::extra_repr() const {
+  std::string s = std::to_string(in_channels) + ", " + std::to_string(out_channels) +
+                  ", kernel_size=" + kernel_size.str() + ", stride=" + stride.str();
+  if (padding != Size2(0)) s += ", padding=" + padding.str();
+  if (output_padding != Size2(0)) s += ", output_padding=" + output_padding.str();
   if (dilation != Size2(1)) s += ", dilation=" + dilation.str();
   if (groups != 1) s += ", groups=" + std::to_string(groups);
   if (!bias.defined()) s += ", bias=false";

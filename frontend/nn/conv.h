@@ -1,5 +1,5 @@
 #pragma once
-// Convolution and pooling over NCHW images.
+// Convolutions (1-D, 2-D, 2-D transposed) and pooling over NCL / NCHW inputs.
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -22,6 +22,41 @@ class Conv2d : public UnaryModule {
   const int64_t in_channels, out_channels;
   const Size2 kernel_size, stride, padding, dilation;
   const int64_t groups;
+  Tensor weight, bias;
+};
+
+/// 1-D convolution (cross-correlation) with zero padding over [N, C, L] sequences. weight
+/// [out, in/groups, k] and bias [out] start as U(-1/sqrt(fan_in), 1/sqrt(fan_in)),
+/// fan_in = in/groups*k.
+class Conv1d : public UnaryModule {
+ public:
+  Conv1d(int64_t in_channels, int64_t out_channels, int64_t kernel_size, int64_t stride = 1,
+         int64_t padding = 0, int64_t dilation = 1, int64_t groups = 1, bool bias = true);
+  /// x [N, in_channels, L] (or [in_channels, L]) -> [N, out_channels, L'].
+  Tensor forward(const Tensor& x) override;
+  std::string extra_repr() const override;
+
+  const int64_t in_channels, out_channels, kernel_size, stride, padding, dilation, groups;
+  Tensor weight, bias;
+};
+
+/// 2-D transposed convolution (the adjoint of Conv2d; "deconvolution"), arguments in
+/// PyTorch's order. weight [in, out/groups, kh, kw] and bias [out] start as
+/// U(-1/sqrt(fan_in), 1/sqrt(fan_in)) with PyTorch's fan_in = out/groups*kh*kw.
+class ConvTranspose2d : public UnaryModule {
+ public:
+  ConvTranspose2d(int64_t in_channels, int64_t out_channels, Size2 kernel_size, Size2 stride = 1,
+                  Size2 padding = 0, Size2 output_padding = 0, int64_t groups = 1, bool bias = true,
+                  Size2 dilation = 1);
+  /// x [N, in_channels, H, W] (or [in_channels, H, W]) -> [N, out_channels, H', W'] with
+  /// H' = (H - 1) stride - 2 padding + dilation (kh - 1) + output_padding + 1.
+  Tensor forward(const Tensor& x) override;
+  std::string extra_repr() const override;
+
+  const int64_t in_channels, out_channels;
+  const Size2 kernel_size, stride, padding, output_padding;
+  const int64_t groups;
+  const Size2 dilation;
   Tensor weight, bias;
 };
 

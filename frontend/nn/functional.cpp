@@ -176,6 +176,136 @@ Tensor conv2d(const Tensor& input, const Tensor& weight_in, const Tensor& bias_i
   return restore_batch(y, input);
 }
 
+Tensor conv1d(const Tensor& input_in, const Tensor& weight_in, const Tensor& bias_in,
+              int64_t stride, int64_t padding, int64_t dilation, int64_t groups) {
+  const char* op = "conv1d";
+  // Autocast's casts first (conv2d's again are no-ops), so the checks see what conv2d will.
+  const Tensor input = amp::lower_precision(input_in), weight = amp::lower_precision(weight_in),
+               bias = amp::lower_precision(bias_in);
+  require_defined(input, op, "input");
+  require_defined(weight, op, "weight");
+  require_floating(input, op, "input");
+  require_same_dtype(input, weight, op, "weight");
+  if (input.ndim() != 2 && input.ndim() != 3) {
+    throw ShapeError("[conv1d] expected a 3-D input [N, C, L] or 2-D [C, L], got " +
+                     describe(input));
+  }
+  if (weight.ndim() != 3) {
+    throw ShapeError("[conv1d] expected a 3-D weight [out_channels, in_channels/groups, k], got " +
+                     describe(weight));
+  }
+  check_positive(op, "stride", stride);
+  check_positive(op, "dilation", dilation);
+  check_non_negative(op, "padding", padding);
+  if (groups < 1) throw ValueError("[conv1d] groups must be >= 1, got " + std::to_string(groups));
+  if (weight.size(1) * groups != input.size(-2)) {
+    throw ShapeError("[conv1d] expected input with " + std::to_string(weight.size(1) * groups) +
+                     " channels (weight " + describe(weight) + ", groups " +
+                     std::to_string(groups) + "), got " + describe(input));
+  }
+  if (weight.size(0) % groups != 0) {
+    throw ValueError("[conv1d] out_channels " + std::to_string(weight.size(0)) +
+                     " is not divisible by groups " + std::to_string(groups));
+  }
+  if (bias.defined()) {
+    require_same_dtype(input, bias, op, "bias");
+    if (bias.shape() != Shape{weight.size(0)}) {
+      throw ShapeError("[conv1d] expected a bias of shape [" + std::to_string(weight.size(0)) +
+                       "], got " + describe(bias));
+    }
+  }
+  const int64_t span = input.size(-1) + 2 * padding - dilation * (weight.size(2) - 1) - 1;
+  if (span < 0) {
+    throw ShapeError("[conv1d] input " + describe(input) + " with padding " +
+                     std::to_string(padding) + " is smaller than the kernel " +
+                     std::to_string(weight.size(2)) + " dilated by " + std::to_string(dilation));
+  }
+  // A unit height: conv2d's kernels and gradients serve both.
+  Tensor y = conv2d(unsqueeze(input, -2), unsqueeze(weight, 2), bias, Size2(1, stride),
+                    Size2(0, padding), Size2(1, dilation), groups);
+  return squeeze(y, -2);
+}
+
+Tensor conv_transpose2d(const Tensor& input, const Tensor& weight_in, const Tensor& bias_in,
+                        Size2 stride, Size2 padding, Size2 output_padding, int64_t groups,
+                        Size2 dilation) {
+  const char* op = "conv_transpose2d";
+  // On autocast's lower-precision list, as conv2d.
+  const Tensor weight = amp::lower_precision(weight_in), bias = amp::lower_precision(bias_in);
+  Tensor x = batched_image(amp::lower_precision(input), op);
+  require_defined(weight, op, "weight");
+  require_floating(x, op, "input");
+  require_same_dtype(x, weight, op, "weight");
+  check_positive(op, "stride", stride);
+  check_positive(op, "dilation", dilation);
+  check_non_negative(op, "padding", padding);
+  check_non_negative(op, "output_padding", output_padding);
+  if (groups < 1) {
+    throw ValueError("[conv_transpose2d] groups must be >= 1, got " + std::to_string(groups));
+  }
+  if ((output_padding.h >= stride.h && output_padding.h >= dilation.h) ||
+      (output_padding.w >= stride.w && output_padding.w >= dilation.w)) {
+    throw ValueError("[conv_transpose2d] output_padding " + output_padding.str() +
+                     " must be smaller than either stride " + stride.str() + " or dilation " +
+                     dilation.str());
+  }
+  if (weight.ndim() != 4) {
+    throw ShapeError(
+        "[conv_transpose2d] expected a 4-D weight [in_channels, out_channels/groups, kh, kw], "
+        "got " +
+        describe(weight));
+  }
+  const int64_t n = x.size(0), c = x.size(1), h = x.size(2), w = x.size(3);
+  const int64_t og = weight.size(1), kh = weight.size(2), kw = weight.size(3);
+  if (weight.size(0) != c || c % groups != 0) {
+    throw ShapeError("[conv_transpose2d] expected input with " + std::to_string(weight.size(0)) +
+                     " channels (weight " + describe(weight) + "), divisible by groups " +
+                     std::to_string(groups) + ", got " + describe(input));
+  }
+  const int64_t o = og * groups, cg = c / groups;
+  if (bias.defined()) {
+    require_same_dtype(x, bias, op, "bias");
+    if (bias.shape() != Shape{o}) {
+      throw ShapeError("[conv_transpose2d] expected a bias of shape [" + std::to_string(o) +
+                       "], got " + describe(bias));
+    }
+  }
+  const int64_t oh =
+      (h - 1) * stride.h - 2 * padding.h + dilation.h * (kh - 1) + output_padding.h + 1;
+  const int64_t ow =
+      (w - 1) * stride.w - 2 * padding.w + dilation.w * (kw - 1) + output_padding.w + 1;
+  if (oh < 1 || ow < 1) {
+    throw ShapeError("[conv_transpose2d] input " + describe(input) + " with padding " +
+                     padding.str() + " gives an empty output [" + std::to_string(oh) + ", " +
+                     std::to_string(ow) + "]");
+  }
+  // The adjoint of conv2d's im2col form: a product gives every input pixel's contribution
+  // to each kernel tap, cols [G, N, H, W, Og, kh, kw] = sum over C/G of x * weight (a GEMM
+  // per group with K = C/G), and col2im scatters it, adding, to output pixel
+  // (h stride - pad + a dilation, w stride - pad + b dilation); taps that land in the
+  // padding are dropped. Both are meta-ops with gradients (the scatter's is a gather), so
+  // the result differentiates in x, weight and bias. Half inputs multiply in float32, as
+  // conv2d.
+  const DType compute =
+      x.dtype() == DType::Float16 || x.dtype() == DType::BFloat16 ? DType::Float32 : x.dtype();
+  const Shape domain{groups, n, h, w, og, kh, kw, cg};
+  Tensor xa = reindex(cast(x, compute), domain, {var(1), var(0) * cst(cg) + var(7), var(2), var(3)},
+                      0, {}, false, op);
+  Tensor wb = reindex(cast(weight, compute), domain,
+                      {var(0) * cst(cg) + var(7), var(4), var(5), var(6)}, 0, {}, false, op);
+  Tensor cols =
+      reindex_reduce(mul(xa, wb), ReduceOp::Sum, {groups, n, h, w, og, kh, kw},
+                     {var(0), var(1), var(2), var(3), var(4), var(5), var(6)}, {}, false, op);
+  Tensor y = reindex_reduce(cols, ReduceOp::Sum, {n, o, oh, ow},
+                            {var(1), var(0) * cst(og) + var(4),
+                             var(2) * cst(stride.h) - cst(padding.h) + var(5) * cst(dilation.h),
+                             var(3) * cst(stride.w) - cst(padding.w) + var(6) * cst(dilation.w)},
+                            {}, false, op);
+  y = cast(y, x.dtype());
+  if (bias.defined()) y = y + reshape(bias, {o, 1, 1});
+  return restore_batch(y, input);
+}
+
 namespace {
 
 // Windows of x [N, C, H, W] laid out as [N, C, OH, OW, kh, kw] (out-of-range reads give fill).
@@ -389,6 +519,119 @@ Tensor layer_norm(const Tensor& x_in, const Shape& normalized_shape, const Tenso
   Tensor y = centred * rsqrt(mean(centred * centred, axes, true) + eps);
   if (weight.defined()) y = y * weight;
   if (bias.defined()) y = y + bias;
+  return y;
+}
+
+namespace {
+
+// Normalises x over the trailing axes from `first` on (biased variance, as the norms use).
+Tensor normalise_trailing(const Tensor& x, int first, double eps) {
+  std::vector<int64_t> axes;
+  for (int d = first; d < x.ndim(); ++d) axes.push_back(d);
+  Tensor centred = x - mean(x, axes, true);
+  return centred * rsqrt(mean(centred * centred, axes, true) + eps);
+}
+
+// [C] as [C, 1, ..., 1] against x [N, C, *].
+Tensor per_channel(const Tensor& v, const Tensor& x) {
+  Shape s(static_cast<size_t>(x.ndim() - 1), 1);
+  s[0] = v.size(0);
+  return reshape(v, s);
+}
+
+// Checks optional [C] tensors (affine parameters, statistics) against x [N, C, *].
+void require_channel_vectors(const char* op, const Tensor& x,
+                             std::initializer_list<const Tensor*> tensors) {
+  for (const Tensor* t : tensors) {
+    if (!t->defined()) continue;
+    require_same_dtype(x, *t, op, "parameter");
+    if (t->shape() != Shape{x.size(1)}) {
+      throw ShapeError(
+          std::string("[") + op + "] expected affine parameters and statistics of shape [" +
+          std::to_string(x.size(1)) + "] for input " + describe(x) + ", got " + describe(*t));
+    }
+  }
+}
+
+}  // namespace
+
+Tensor group_norm(const Tensor& x_in, int64_t num_groups, const Tensor& weight_in,
+                  const Tensor& bias_in, double eps) {
+  const char* op = "group_norm";
+  // Norms are on autocast's float32 list.
+  const Tensor x = amp::full_precision(x_in), weight = amp::full_precision(weight_in),
+               bias = amp::full_precision(bias_in);
+  require_floating(x, op, "input");
+  if (x.ndim() < 2)
+    throw ShapeError("[group_norm] expected an input [N, C, *], got " + describe(x));
+  if (num_groups < 1 || x.size(1) % num_groups != 0) {
+    throw ValueError("[group_norm] expected the channels of input " + describe(x) +
+                     " to be divisible by num_groups " + std::to_string(num_groups) +
+                     " (num_groups >= 1)");
+  }
+  require_channel_vectors(op, x, {&weight, &bias});
+  // [N, G, C/G, *]: each group's channels and positions are one trailing block.
+  Shape grouped = x.shape();
+  grouped[1] = x.size(1) / num_groups;
+  grouped.insert(grouped.begin() + 1, num_groups);
+  Tensor y = reshape(normalise_trailing(reshape(x, grouped), 2, eps), x.shape());
+  if (weight.defined()) y = y * per_channel(weight, x);
+  if (bias.defined()) y = y + per_channel(bias, x);
+  return y;
+}
+
+Tensor instance_norm(const Tensor& x_in, const Tensor& running_mean, const Tensor& running_var,
+                     const Tensor& weight_in, const Tensor& bias_in, bool use_input_stats,
+                     double momentum, double eps) {
+  const char* op = "instance_norm";
+  // Norms are on autocast's float32 list.
+  const Tensor x = amp::full_precision(x_in), weight = amp::full_precision(weight_in),
+               bias = amp::full_precision(bias_in);
+  require_floating(x, op, "input");
+  if (x.ndim() < 3) {
+    throw ShapeError(
+        "[instance_norm] expected an input [N, C, *] with at least one position "
+        "dimension, got " +
+        describe(x));
+  }
+  require_channel_vectors(op, x, {&weight, &bias, &running_mean, &running_var});
+  const int64_t positions = x.numel() / std::max<int64_t>(x.size(0) * x.size(1), 1);
+  Tensor y;
+  if (use_input_stats) {
+    if (positions <= 1) {
+      throw ValueError(
+          "[instance_norm] expected more than 1 position per channel when using "
+          "input statistics, got input " +
+          describe(x));
+    }
+    std::vector<int64_t> axes;
+    for (int d = 2; d < x.ndim(); ++d) axes.push_back(d);
+    Tensor mu = mean(x, axes, true);
+    Tensor centred = x - mu;
+    Tensor var_b = mean(centred * centred, axes, true);
+    y = centred * rsqrt(var_b + eps);
+    if (running_mean.defined() && running_var.defined()) {
+      // PyTorch runs batch_norm over [1, N*C, *] with the statistics repeated N times and
+      // averages the N updated copies: the update uses the batch mean of the instance means
+      // and of the unbiased instance variances.
+      NoGradGuard no_grad;
+      const double unbias = static_cast<double>(positions) / static_cast<double>(positions - 1);
+      Tensor mean_c = mean(flatten(mu.detach(), 1), {0});
+      Tensor var_c = mean(flatten(var_b.detach(), 1), {0});
+      Tensor rm = running_mean, rv = running_var;
+      rm.assign(running_mean * (1.0 - momentum) + mean_c * momentum);
+      rv.assign(running_var * (1.0 - momentum) + var_c * (momentum * unbias));
+    }
+  } else {
+    if (!running_mean.defined() || !running_var.defined()) {
+      throw ValueError(
+          "[instance_norm] without input statistics it needs running_mean and "
+          "running_var");
+    }
+    y = (x - per_channel(running_mean, x)) * per_channel(rsqrt(running_var + eps), x);
+  }
+  if (weight.defined()) y = y * per_channel(weight, x);
+  if (bias.defined()) y = y + per_channel(bias, x);
   return y;
 }
 

@@ -57,6 +57,18 @@ Tensor dropout(const Tensor& x, double p = 0.5, bool training = true,
 /// H' = (H + 2 pad - dilation (kh - 1) - 1) / stride + 1. Zero padding.
 Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor(),
               Size2 stride = 1, Size2 padding = 0, Size2 dilation = 1, int64_t groups = 1);
+/// 1-D cross-correlation of x [N, C, L] (or unbatched [C, L]) with weight [O, C/groups, k],
+/// plus bias [O]; output [N, O, L'] with L' = (L + 2 pad - dilation (k - 1) - 1) / stride + 1.
+/// conv2d over a unit height, so it shares conv2d's kernels and gradients.
+Tensor conv1d(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor(),
+              int64_t stride = 1, int64_t padding = 0, int64_t dilation = 1, int64_t groups = 1);
+/// The transpose (adjoint) of conv2d, as torch's conv_transpose2d: x [N, C, H, W] (or
+/// [C, H, W]), weight [C, O/groups, kh, kw], bias [O]; output [N, O, H', W'] with
+/// H' = (H - 1) stride - 2 pad + dilation (kh - 1) + output_padding + 1. output_padding
+/// must be smaller than stride or dilation. Argument order as PyTorch's.
+Tensor conv_transpose2d(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor(),
+                        Size2 stride = 1, Size2 padding = 0, Size2 output_padding = 0,
+                        int64_t groups = 1, Size2 dilation = 1);
 /// Max over kernel windows of x [N, C, H, W] (or [C, H, W]); padding counts as -inf.
 /// `stride` defaults to the kernel size. With `ceil_mode` the output size rounds up.
 Tensor max_pool2d(const Tensor& x, Size2 kernel, std::optional<Size2> stride = std::nullopt,
@@ -80,6 +92,20 @@ Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& run
 /// scales by weight and shifts by bias (both optional, of shape normalized_shape).
 Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& weight = Tensor(),
                   const Tensor& bias = Tensor(), double eps = 1e-5);
+
+/// Normalises x [N, C, *] over each group of C/num_groups channels and every trailing
+/// position (biased variance), then applies the per-channel weight and bias [C] (optional).
+Tensor group_norm(const Tensor& x, int64_t num_groups, const Tensor& weight = Tensor(),
+                  const Tensor& bias = Tensor(), double eps = 1e-5);
+/// Normalises x [N, C, *] (at least one trailing dimension) per sample and channel over the
+/// trailing positions, with the instance statistics when `use_input_stats` (then updating
+/// running_mean/running_var, when given, with `momentum`, the batch mean of the instance
+/// means and of the unbiased instance variances, as PyTorch) or else the running ones.
+/// weight and bias [C] are optional.
+Tensor instance_norm(const Tensor& x, const Tensor& running_mean = Tensor(),
+                     const Tensor& running_var = Tensor(), const Tensor& weight = Tensor(),
+                     const Tensor& bias = Tensor(), bool use_input_stats = true,
+                     double momentum = 0.1, double eps = 1e-5);
 
 /// Rows of weight [num, dim] at the integer `indices` (any shape): output indices.shape +
 /// [dim]. An index outside [0, num) raises IndexError at evaluation. Positions equal to

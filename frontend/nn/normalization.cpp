@@ -1,5 +1,6 @@
 #include "normalization.h"
 
+#include "../../ops/shape_ops.h"
 #include "../../ops/sources.h"
 #include "detail.h"
 #include "functional.h"
@@ -117,6 +118,113 @@ Tensor LayerNorm::forward(const Tensor& x_in) {
 std::string LayerNorm::extra_repr() const {
   return shape_str(normalized_shape) + ", eps=" + detail::num(eps) +
          ", elementwise_affine=" + (elementwise_affine ? "true" : "false");
+}
+
+GroupNorm::GroupNorm(int64_t groups, int64_t channels, double eps_, bool affine_)
+    : UnaryModule("GroupNorm"),
+      num_groups(groups),
+      num_channels(channels),
+      eps(eps_),
+      affine(affine_) {
+  detail::require_positive(groups, name(), "num_groups");
+  detail::require_positive(channels, name(), "num_channels");
+  if (channels % groups != 0) {
+    throw ValueError("[GroupNorm] num_channels " + std::to_string(channels) +
+                     " must be divisible by num_groups " + std::to_string(groups));
+  }
+  if (!(eps > 0)) throw ValueError("[GroupNorm] eps must be > 0, got " + detail::num(eps));
+  if (affine) {
+    weight = register_parameter("weight", ones({channels}));
+    bias = register_parameter("bias", zeros({channels}));
+  }
+}
+
+Tensor GroupNorm::forward(const Tensor& x_in) {
+  detail::require_defined(x_in, name(), "input");
+  const bool widened = affine && is_half(x_in.dtype()) && weight.dtype() == DType::Float32;
+  const Tensor x = widened ? cast(x_in, DType::Float32) : x_in;
+  if (x.ndim() < 2 || x.size(1) != num_channels) {
+    throw ShapeError("[GroupNorm] expected input [N, " + std::to_string(num_channels) +
+                     ", *] (num_channels " + std::to_string(num_channels) + "), got " +
+                     describe(x));
+  }
+  if (!is_floating(x.dtype())) {
+    throw DTypeError("[GroupNorm] expected a floating-point input, got " + describe(x));
+  }
+  if (affine) detail::require_layer_input(x, name(), weight.dtype());
+  Tensor y = F::group_norm(x, num_groups, weight, bias, eps);
+  return widened ? cast(y, x_in.dtype()) : y;
+}
+
+std::string GroupNorm::extra_repr() const {
+  return std::to_string(num_groups) + ", " + std::to_string(num_channels) +
+         ", eps=" + detail::num(eps) + ", affine=" + (affine ? "true" : "false");
+}
+
+InstanceNorm2d::InstanceNorm2d(int64_t features, double eps_, double momentum_, bool affine_,
+                               bool track)
+    : UnaryModule("InstanceNorm2d"),
+      num_features(features),
+      eps(eps_),
+      momentum(momentum_),
+      affine(affine_),
+      track_running_stats(track) {
+  detail::require_positive(features, name(), "num_features");
+  if (!(eps > 0)) throw ValueError("[InstanceNorm2d] eps must be > 0, got " + detail::num(eps));
+  if (!(momentum >= 0 && momentum <= 1)) {
+    throw ValueError("[InstanceNorm2d] momentum must be in [0, 1], got " + detail::num(momentum));
+  }
+  if (affine) {
+    weight = register_parameter("weight", ones({features}));
+    bias = register_parameter("bias", zeros({features}));
+  }
+  if (track) {
+    running_mean = register_buffer("running_mean", zeros({features}));
+    running_var = register_buffer("running_var", ones({features}));
+    num_batches_tracked = register_buffer("num_batches_tracked", zeros({}, DType::Int64));
+  }
+}
+
+Tensor InstanceNorm2d::forward(const Tensor& x_in) {
+  detail::require_defined(x_in, name(), "input");
+  const DType stats = affine                ? weight.dtype()
+                      : track_running_stats ? running_mean.dtype()
+                                            : x_in.dtype();
+  const bool widened = is_half(x_in.dtype()) && stats == DType::Float32;
+  Tensor x = widened ? cast(x_in, DType::Float32) : x_in;
+  if (x.ndim() != 3 && x.ndim() != 4) {
+    throw ShapeError("[InstanceNorm2d] expected a 4-D input [N, C, H, W] or 3-D [C, H, W], got " +
+                     describe(x));
+  }
+  // PyTorch only warns about a channel count other than num_features when nothing is per
+  // channel; with parameters or statistics of [num_features] it must match.
+  if ((affine || track_running_stats) && x.size(-3) != num_features) {
+    throw ShapeError("[InstanceNorm2d] expected input with " + std::to_string(num_features) +
+                     " channels (num_features) in dimension " + std::to_string(x.ndim() - 3) +
+                     ", got " + describe(x));
+  }
+  if (!is_floating(x.dtype())) {
+    throw DTypeError("[InstanceNorm2d] expected a floating-point input, got " + describe(x));
+  }
+  if (affine) detail::require_layer_input(x, name(), weight.dtype());
+  if (track_running_stats) detail::require_layer_input(x, name(), running_mean.dtype());
+  const bool unbatched = x.ndim() == 3;
+  if (unbatched) x = unsqueeze(x, 0);
+  // num_batches_tracked stays as it is: PyTorch's instance norms register it (so state
+  // dicts match) but never count with it.
+  const bool use_input_stats = is_training() || !track_running_stats;
+  // In training the functional updates the running statistics (when tracked) through
+  // assign(); in eval mode with tracking it normalises by them.
+  Tensor y =
+      F::instance_norm(x, running_mean, running_var, weight, bias, use_input_stats, momentum, eps);
+  if (unbatched) y = squeeze(y, 0);
+  return widened ? cast(y, x_in.dtype()) : y;
+}
+
+std::string InstanceNorm2d::extra_repr() const {
+  return std::to_string(num_features) + ", eps=" + detail::num(eps) +
+         ", momentum=" + detail::num(momentum) + ", affine=" + (affine ? "true" : "false") +
+         ", track_running_stats=" + (track_running_stats ? "true" : "false");
 }
 
 }  // namespace kiln::nn

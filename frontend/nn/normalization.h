@@ -1,5 +1,6 @@
 #pragma once
-// Batch and layer normalisation with PyTorch's parameters, buffers and train/eval behaviour.
+// Batch, layer, group and instance normalisation with PyTorch's parameters, buffers and
+// train/eval behaviour.
 #include <cstdint>
 #include <string>
 
@@ -69,6 +70,47 @@ class LayerNorm : public UnaryModule {
   const double eps;
   const bool elementwise_affine;
   Tensor weight, bias;
+};
+
+/// Normalises [N, C, *] inputs over groups of C/num_groups channels and every position
+/// (biased variance), then applies per-channel weight (ones) and bias (zeros) [C] when
+/// affine. The same in training and eval mode (no running statistics).
+class GroupNorm : public UnaryModule {
+ public:
+  GroupNorm(int64_t num_groups, int64_t num_channels, double eps = 1e-5, bool affine = true);
+  /// A float16/bfloat16 input of float32 parameters is normalised in float32 and returned in
+  /// its own dtype, as LayerNorm.
+  Tensor forward(const Tensor& x) override;
+  bool stays_float32() const override { return true; }
+  std::string extra_repr() const override;
+
+  const int64_t num_groups, num_channels;
+  const double eps;
+  const bool affine;
+  Tensor weight, bias;  ///< undefined unless affine
+};
+
+/// Normalises each sample's channels of [N, C, H, W] (or unbatched [C, H, W]) over H and W
+/// (biased variance), as torch's InstanceNorm2d: no affine parameters and no running
+/// statistics by default. With affine, weight (ones) and bias (zeros) [C]. With
+/// track_running_stats, buffers running_mean (zeros) and running_var (ones) are updated in
+/// training with `momentum` (the batch mean of the instance statistics, unbiased variance)
+/// and used in eval mode; num_batches_tracked is saved but, as PyTorch's, never counts.
+/// Without tracking, eval mode normalises by the instance statistics too. As PyTorch, the
+/// channel count must equal num_features only when affine or tracking.
+class InstanceNorm2d : public UnaryModule {
+ public:
+  explicit InstanceNorm2d(int64_t num_features, double eps = 1e-5, double momentum = 0.1,
+                          bool affine = false, bool track_running_stats = false);
+  Tensor forward(const Tensor& x) override;
+  bool stays_float32() const override { return true; }
+  std::string extra_repr() const override;
+
+  const int64_t num_features;
+  const double eps, momentum;
+  const bool affine, track_running_stats;
+  Tensor weight, bias;                                    ///< undefined unless affine
+  Tensor running_mean, running_var, num_batches_tracked;  ///< undefined unless tracking
 };
 
 }  // namespace kiln::nn

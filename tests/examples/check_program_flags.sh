@@ -40,7 +40,9 @@ for prog in "$@"; do
   # text is on every machine) also run kernels (KILN_NUM_THREADS) under a budget.
   vars=()
   case $name in
-    quickstart | tiny_gpt) vars=(KILN_NUM_THREADS=lots KILN_SEED=-1 KILN_MEMORY_BUDGET=plenty) ;;
+    quickstart | tiny_gpt)
+      vars=(KILN_NUM_THREADS=lots KILN_SEED=-1 KILN_MEMORY_BUDGET=plenty KILN_MEMORY_BUDGET=0.5)
+      ;;
     digits_mlp | char_lstm) vars=(KILN_SEED=-1) ;;
   esac
   if ((${#vars[@]} > 0)); then
