@@ -81,6 +81,15 @@ const std::vector<Variable> kVariables = {
      "also compile every CPU kernel's CUDA twin with NVRTC for these architectures", W::PerProcess},
     {"KILN_CUDA_DRIVER", "a path to libcuda", "the CUDA driver to open (default libcuda.so.1)",
      W::PerProcess},
+    {"KILN_DIST_BACKEND", "auto, single or mpi",
+     "the communicator dist::world() makes: MPI when a launcher started the process, or one "
+     "process (default auto)",
+     W::PerProcess},
+    {"KILN_DIST_TIMEOUT", "a real number of seconds above 0",
+     "how long a collective may wait for the other ranks before a TimeoutError (default 300)",
+     W::PerUse},
+    {"KILN_NCCL_LIBRARY", "a path to libnccl",
+     "the NCCL library dist opens for CUDA tensors (default libnccl.so.2)", W::PerUse},
 };
 
 std::string lower(std::string s) {

@@ -101,14 +101,29 @@ DataLoader::DataLoader(TensorDataset dataset, DataLoaderOptions options)
     throw ValueError("[DataLoader] expected batch_size >= 1, got " +
                      std::to_string(options_.batch_size));
   }
+  if (options_.sampler && options_.shuffle) {
+    throw ValueError(
+        "[DataLoader] takes shuffle or a sampler, not both: the sampler orders "
+        "the examples (e.g. DistributedSampler's shuffle option)");
+  }
 }
 
 int64_t DataLoader::num_batches() const {
-  const int64_t n = dataset_.size(), b = options_.batch_size;
+  const int64_t n = options_.sampler ? options_.sampler->size() : dataset_.size();
+  const int64_t b = options_.batch_size;
   return options_.drop_last ? n / b : (n + b - 1) / b;
 }
 
 std::vector<int64_t> DataLoader::permutation(uint64_t epoch) const {
+  if (options_.sampler) {
+    std::vector<int64_t> order = options_.sampler->indices(epoch);
+    if (static_cast<int64_t>(order.size()) != options_.sampler->size()) {
+      throw ValueError("[DataLoader] the sampler returned " + std::to_string(order.size()) +
+                       " indices for epoch " + std::to_string(epoch) + " but its size() is " +
+                       std::to_string(options_.sampler->size()));
+    }
+    return order;
+  }
   if (options_.shuffle) return random_permutation(dataset_.size(), options_.seed, epoch);
   std::vector<int64_t> order(static_cast<size_t>(dataset_.size()));
   for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int64_t>(i);
@@ -121,7 +136,8 @@ Batch DataLoader::batch_of(const std::vector<int64_t>& order, int64_t index) con
                      std::to_string(num_batches()) + " batches");
   }
   const int64_t begin = index * options_.batch_size;
-  const int64_t end = std::min<int64_t>(begin + options_.batch_size, dataset_.size());
+  const int64_t end =
+      std::min<int64_t>(begin + options_.batch_size, static_cast<int64_t>(order.size()));
   return dataset_.get(std::vector<int64_t>(order.begin() + begin, order.begin() + end));
 }
 

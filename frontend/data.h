@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <iterator>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -48,6 +49,18 @@ class TensorDataset {
   int64_t size_ = 0;
 };
 
+/// Which examples a DataLoader visits in an epoch, and in what order (dist::
+/// DistributedSampler gives each rank its shard). Implementations are pure functions of
+/// the epoch, so every rank and every rerun sees the same order.
+class Sampler {
+ public:
+  virtual ~Sampler() = default;
+  /// Number of indices indices() returns (the same every epoch).
+  virtual int64_t size() const = 0;
+  /// The dataset indices of epoch `epoch`, in visiting order.
+  virtual std::vector<int64_t> indices(uint64_t epoch) const = 0;
+};
+
 /// How DataLoader forms batches.
 struct DataLoaderOptions {
   int64_t batch_size = 1;
@@ -56,6 +69,9 @@ struct DataLoaderOptions {
   uint64_t seed = 0;
   /// Leave out the last batch when it has fewer than batch_size examples.
   bool drop_last = false;
+  /// Visit the sampler's indices instead of the whole dataset (not with shuffle: the
+  /// sampler orders them).
+  std::shared_ptr<const Sampler> sampler = nullptr;
 };
 
 /// Iterates over a dataset in batches. Each `for (const Batch& b : loader)` is one epoch;
@@ -67,7 +83,8 @@ class DataLoader {
 
   /// Batches per epoch.
   int64_t num_batches() const;
-  /// The example order of epoch `epoch` (identity without shuffle).
+  /// The example order of epoch `epoch` (identity without shuffle; the sampler's indices
+  /// with one).
   std::vector<int64_t> permutation(uint64_t epoch) const;
   /// Batch `index` of epoch `epoch`.
   Batch batch(uint64_t epoch, int64_t index) const;

@@ -8,6 +8,9 @@ set -euo pipefail
 packages=(
   cmake g++ make catch2 libfmt-dev nlohmann-json3-dev libopenblas-dev libdnnl-dev zlib1g-dev
   libbenchmark-dev llvm-16-dev libclang-cpp16-dev libclang-16-dev clang-16 clang-format
+  # kiln::dist's MPI backend and the mpiexec its multi-rank tests run under (optional at
+  # configure time: without them kiln builds and those tests skip).
+  libopenmpi-dev openmpi-bin
 )
 
 if ! command -v dpkg-query >/dev/null 2>&1; then

@@ -1207,6 +1207,22 @@ inline const std::vector<GradCase>& grad_cases() {
         {"conv2d/unbatched 1x1", "conv2d", {in({2, 3, 3}), in({2, 2, 1, 1})}, [](const V& x) {
            return F::conv2d(x[0], x[1]);
          }});
+    c.push_back({"conv1d/stride padding dilation bias",
+                 "conv1d",
+                 {in({2, 2, 7}), in({3, 2, 2}), in({3})},
+                 [](const V& x) { return F::conv1d(x[0], x[1], x[2], 2, 1, 2); }});
+    c.push_back({"conv1d/groups unbatched", "conv1d", {in({4, 5}), in({2, 2, 3})},
+                 [](const V& x) { return F::conv1d(x[0], x[1], Tensor(), 1, 0, 1, 2); }});
+    c.push_back({"conv_transpose2d/stride padding output_padding bias",
+                 "conv_transpose2d",
+                 {in({1, 2, 3, 3}), in({2, 3, 2, 2}), in({3})},
+                 [](const V& x) { return F::conv_transpose2d(x[0], x[1], x[2], 2, 1, 1); }});
+    c.push_back({"conv_transpose2d/groups dilation",
+                 "conv_transpose2d",
+                 {in({2, 4, 2, 3}), in({4, 1, 2, 2})},
+                 [](const V& x) {
+                   return F::conv_transpose2d(x[0], x[1], Tensor(), 1, 0, 0, 2, 2);
+                 }});
     // kiln's max_pool2d shares a window's gradient among tied maxima (its max is torch.amax);
     // torch's max_pool2d gives it all to the first maximum.
     c.push_back({"max_pool2d",
@@ -1261,6 +1277,26 @@ inline const std::vector<GradCase>& grad_cases() {
                  }});
     c.push_back({"layer_norm/size-1 axis", "layer_norm", {in({3, 1}), in({1}), in({1})},
                  [](const V& x) { return F::layer_norm(x[0], {1}, x[1], x[2]); }});
+    c.push_back({"group_norm/affine",
+                 "group_norm",
+                 {in({2, 4, 3}), in({4}), in({4})},
+                 [](const V& x) { return F::group_norm(x[0], 2, x[1], x[2]); }});
+    c.push_back({"group_norm/one group per channel", "group_norm", {in({1, 3, 2, 2})},
+                 [](const V& x) { return F::group_norm(x[0], 3); }});
+    c.push_back({"instance_norm/affine",
+                 "instance_norm",
+                 {in({2, 3, 2, 2}), in({3}), in({3})},
+                 [](const V& x) {
+                   return F::instance_norm(x[0], Tensor(), Tensor(), x[1], x[2]);
+                 }});
+    c.push_back({"instance_norm/running statistics in eval",
+                 "instance_norm",
+                 {in({2, 2, 3})},
+                 [](const V& x) {
+                   Tensor rm = from_vector<double>({0.5, -0.25}),
+                          rv = from_vector<double>({2.0, 0.5});
+                   return F::instance_norm(x[0], rm, rv, Tensor(), Tensor(), false);
+                 }});
     c.push_back({"embedding", "embedding", {in({5, 3})}, [idx](const V& x) {
                    return F::embedding(idx({1, 3, 1, 0, 4, 1}, {2, 3}), x[0]);
                  }});
