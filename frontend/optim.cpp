@@ -81,6 +81,12 @@ std::optional<double> Optimizer::initial_lr(size_t group) const {
   return initial_lrs_[group];
 }
 
+void Optimizer::set_momentum(size_t group, double /*momentum*/) {
+  params(group);
+  throw ValueError(tag() + "has no momentum or betas to set (parameter group " +
+                   std::to_string(group) + ")");
+}
+
 void Optimizer::set_initial_lr(size_t group, double lr) {
   params(group);
   initial_lrs_[group] = lr;
@@ -382,6 +388,103 @@ void AdamW::step() {
 }
 
 // ---------------------------------------------------------------------------------------
+// RMSprop and Adagrad
+
+namespace {
+
+// An evaluated constant shaped like `like` with every element `value` (Adagrad's
+// initial_accumulator_value): like zero_state, a constant keeps the first step's graph the
+// shape of the later ones.
+Tensor filled_state(const Tensor& like, double value) {
+  if (value == 0) return zero_state(like);
+  NoGradGuard no_grad;
+  // Filled on the host, whose bytes from_data can read, then placed on the parameter's device.
+  Tensor t = full(like.shape(), value, like.dtype(), Device::cpu()).eval();
+  return from_data(t.raw_data(), t.shape(), t.dtype(), like.device());
+}
+
+}  // namespace
+
+RMSprop::RMSprop(std::vector<Tensor> params, const RMSpropOptions& options)
+    : OptimizerWithOptions<RMSpropOptions>("RMSprop") {
+  add_param_group(std::move(params), options);
+}
+
+void RMSprop::validate(const RMSpropOptions& o) const {
+  require(o.lr >= 0, tag(), "expected lr >= 0, got " + num(o.lr));
+  require(o.eps >= 0, tag(), "expected eps >= 0, got " + num(o.eps));
+  require(o.alpha >= 0, tag(), "expected alpha >= 0, got " + num(o.alpha));
+  require(o.momentum >= 0, tag(), "expected momentum >= 0, got " + num(o.momentum));
+  require(o.weight_decay >= 0, tag(), "expected weight_decay >= 0, got " + num(o.weight_decay));
+}
+
+std::vector<std::string> RMSprop::state_names(size_t group) const {
+  std::vector<std::string> names{"square_avg"};
+  if (options(group).momentum > 0) names.push_back("momentum_buffer");
+  if (options(group).centered) names.push_back("grad_avg");
+  return names;
+}
+
+void RMSprop::step() {
+  for_each_update([](Tensor p, Tensor d, ParamState& s, const RMSpropOptions& o) {
+    ++s.step;
+    if (o.weight_decay != 0) d = d + p * o.weight_decay;
+    // State starts at zero, as torch's; a name may be new when an option changed mid-run
+    // (a scheduler cycling momentum), and then starts at zero too.
+    auto state = [&](const char* name) -> Tensor& {
+      Tensor& t = s.tensors[name];
+      if (!t.defined()) t = zero_state(p);
+      return t;
+    };
+    Tensor& square_avg = state("square_avg");
+    square_avg.assign(square_avg * o.alpha + d * d * (1 - o.alpha));
+    Tensor avg;
+    if (o.centered) {
+      Tensor& grad_avg = state("grad_avg");
+      grad_avg.assign(grad_avg + (d - grad_avg) * (1 - o.alpha));  // torch's lerp
+      avg = sqrt(square_avg - grad_avg * grad_avg) + o.eps;
+    } else {
+      avg = sqrt(square_avg) + o.eps;
+    }
+    if (o.momentum > 0) {
+      Tensor& buf = state("momentum_buffer");
+      buf.assign(buf * o.momentum + d / avg);
+      p.assign(p - step_scalar(o.lr, p) * buf);
+    } else {
+      p.assign(p - step_scalar(o.lr, p) * (d / avg));
+    }
+  });
+}
+
+Adagrad::Adagrad(std::vector<Tensor> params, const AdagradOptions& options)
+    : OptimizerWithOptions<AdagradOptions>("Adagrad") {
+  add_param_group(std::move(params), options);
+}
+
+void Adagrad::validate(const AdagradOptions& o) const {
+  require(o.lr >= 0, tag(), "expected lr >= 0, got " + num(o.lr));
+  require(o.lr_decay >= 0, tag(), "expected lr_decay >= 0, got " + num(o.lr_decay));
+  require(o.weight_decay >= 0, tag(), "expected weight_decay >= 0, got " + num(o.weight_decay));
+  require(o.initial_accumulator_value >= 0, tag(),
+          "expected initial_accumulator_value >= 0, got " + num(o.initial_accumulator_value));
+  require(o.eps >= 0, tag(), "expected eps >= 0, got " + num(o.eps));
+}
+
+std::vector<std::string> Adagrad::state_names(size_t /*group*/) const { return {"sum"}; }
+
+void Adagrad::step() {
+  for_each_update([](Tensor p, Tensor d, ParamState& s, const AdagradOptions& o) {
+    const double clr = o.lr / (1 + static_cast<double>(s.step) * o.lr_decay);
+    ++s.step;
+    if (o.weight_decay != 0) d = d + p * o.weight_decay;
+    Tensor& sum = s.tensors["sum"];
+    if (!sum.defined()) sum = filled_state(p, o.initial_accumulator_value);
+    sum.assign(sum + d * d);
+    p.assign(p - step_scalar(clr, p) * (d / (sqrt(sum) + o.eps)));
+  });
+}
+
+// ---------------------------------------------------------------------------------------
 // Gradient clipping
 
 namespace {
@@ -403,7 +506,8 @@ Tensor vector_norm(const Tensor& x, double norm_type) {
 
 }  // namespace
 
-Tensor clip_grad_norm(const std::vector<Tensor>& params, double max_norm, double norm_type) {
+Tensor clip_grad_norm(const std::vector<Tensor>& params, double max_norm, double norm_type,
+                      bool error_if_nonfinite) {
   if (!(norm_type >= 0) || (std::isinf(norm_type) && norm_type < 0)) {
     throw ValueError("[clip_grad_norm] expected norm_type >= 0 or inf, got " + num(norm_type));
   }
@@ -421,6 +525,16 @@ Tensor clip_grad_norm(const std::vector<Tensor>& params, double max_norm, double
   }
   if (norms.empty()) return kiln::tensor(0.0f);
   Tensor total = norms.size() == 1 ? norms[0] : vector_norm(stack(norms), norm_type);
+  if (error_if_nonfinite) {
+    const double value = total.item<double>();
+    if (!std::isfinite(value)) {
+      throw NonFiniteNormError("[clip_grad_norm] the total norm of order " + num(norm_type) +
+                               " of the gradients of " + std::to_string(with_grad.size()) +
+                               " parameters is " + num(value) +
+                               ", so it cannot be clipped; expected a finite norm (pass "
+                               "error_if_nonfinite = false to scale by it anyway)");
+    }
+  }
   Tensor coef = minimum(max_norm / (total + 1e-6), 1.0);
   for (Tensor p : with_grad) {
     Tensor g = p.grad();

@@ -1,5 +1,6 @@
 #pragma once
-// Optimizers (SGD, Adam, AdamW) with PyTorch's update rules, and gradient clipping.
+// Optimizers (SGD, Adam, AdamW, RMSprop, Adagrad) with PyTorch's update rules, and gradient
+// clipping.
 //
 // An optimizer holds copies of the parameter handles. step() builds the update lazily and
 // replaces each parameter's value with Tensor::assign, so the module that owns the
@@ -45,6 +46,11 @@ class Optimizer {
   virtual double lr(size_t group) const = 0;
   /// Sets group `group`'s learning rate; the next step() uses it without recompiling.
   virtual void set_lr(size_t group, double lr) = 0;
+  /// The momentum a scheduler may cycle (SGD's and RMSprop's momentum, Adam's betas.first);
+  /// empty for optimizers without one (Adagrad).
+  virtual std::optional<double> momentum(size_t /*group*/) const { return std::nullopt; }
+  /// Sets what momentum() reads; ValueError for optimizers without a momentum.
+  virtual void set_momentum(size_t group, double momentum);
   /// The lr a scheduler started from (PyTorch's "initial_lr"); empty until one attaches.
   std::optional<double> initial_lr(size_t group) const;
   /// Records group `group`'s initial lr (LRScheduler does, once per group).
@@ -111,6 +117,22 @@ class OptimizerWithOptions : public Optimizer {
   double lr(size_t group) const override { return options_.at(group).lr; }
   void set_lr(size_t group, double lr) override { options_.at(group).lr = lr; }
   bool master_weights(size_t group) const override { return options_.at(group).master_weights; }
+  std::optional<double> momentum(size_t group) const override {
+    const Options& o = options_.at(group);
+    if constexpr (requires { o.betas.first; }) return o.betas.first;
+    if constexpr (requires { o.momentum; }) return o.momentum;
+    return std::nullopt;
+  }
+  void set_momentum(size_t group, double momentum) override {
+    Options& o = options_.at(group);
+    if constexpr (requires { o.betas.first; }) {
+      o.betas.first = momentum;
+    } else if constexpr (requires { o.momentum; }) {
+      o.momentum = momentum;
+    } else {
+      Optimizer::set_momentum(group, momentum);
+    }
+  }
 
  protected:
   using Optimizer::Optimizer;
@@ -220,11 +242,76 @@ class AdamW : public OptimizerWithOptions<AdamWOptions> {
   std::vector<std::string> state_names(size_t group) const override;
 };
 
+/// torch.optim.RMSprop's hyperparameters.
+struct RMSpropOptions {
+  double lr = 1e-2;
+  /// Smoothing constant of the running average of squared gradients.
+  double alpha = 0.99;
+  /// Added to the root of the average (outside the sqrt, as PyTorch).
+  double eps = 1e-8;
+  /// L2 penalty added to the gradient.
+  double weight_decay = 0;
+  /// Momentum of the normalised step (state "momentum_buffer" when > 0).
+  double momentum = 0;
+  /// Normalise by the centred second moment (an estimate of the variance; state "grad_avg").
+  bool centered = false;
+  /// float32 master copies of half parameters, as SGDOptions::master_weights.
+  bool master_weights = false;
+};
+
+/// RMSprop, exactly torch.optim.RMSprop: d = g + wd*p; v = alpha*v + (1 - alpha)*d^2;
+/// centred: m = lerp(m, d, 1 - alpha), v~ = v - m^2; a = sqrt(v~) + eps; with momentum
+/// buf = momentum*buf + d/a and p -= lr*buf, else p -= lr * d/a.
+class RMSprop : public OptimizerWithOptions<RMSpropOptions> {
+ public:
+  RMSprop(std::vector<Tensor> params, const RMSpropOptions& options = {});
+  void step() override;
+
+ protected:
+  void validate(const RMSpropOptions& options) const override;
+  std::vector<std::string> state_names(size_t group) const override;
+};
+
+/// torch.optim.Adagrad's hyperparameters.
+struct AdagradOptions {
+  double lr = 1e-2;
+  /// The step t (from 1) uses lr / (1 + (t - 1) * lr_decay).
+  double lr_decay = 0;
+  /// L2 penalty added to the gradient.
+  double weight_decay = 0;
+  /// Starting value of the sum of squared gradients (state "sum").
+  double initial_accumulator_value = 0;
+  double eps = 1e-10;
+  /// float32 master copies of half parameters, as SGDOptions::master_weights.
+  bool master_weights = false;
+};
+
+/// Adagrad (Duchi et al.), exactly torch.optim.Adagrad: d = g + wd*p; sum += d^2;
+/// p -= lr / (1 + (t - 1) lr_decay) * d / (sqrt(sum) + eps). Has no momentum, so
+/// OneCycleLR needs cycle_momentum = false with it.
+class Adagrad : public OptimizerWithOptions<AdagradOptions> {
+ public:
+  Adagrad(std::vector<Tensor> params, const AdagradOptions& options = {});
+  void step() override;
+
+ protected:
+  void validate(const AdagradOptions& options) const override;
+  std::vector<std::string> state_names(size_t group) const override;
+};
+
+/// clip_grad_norm found a NaN or infinite total norm with error_if_nonfinite set.
+class NonFiniteNormError : public ValueError {
+  using ValueError::ValueError;
+};
+
 /// Scales the gradients of `params` so that their joint `norm_type`-norm (inf for the max
 /// norm) is at most `max_norm`, as torch.nn.utils.clip_grad_norm_: coefficient
 /// min(max_norm / (total + 1e-6), 1). Returns the total norm before clipping (lazy,
-/// rank-0). Parameters without a gradient are skipped.
-Tensor clip_grad_norm(const std::vector<Tensor>& params, double max_norm, double norm_type = 2.0);
+/// rank-0). Parameters without a gradient are skipped. With `error_if_nonfinite` the norm is
+/// evaluated now (a synchronisation point) and a NaN or infinite norm raises
+/// NonFiniteNormError, leaving the gradients unscaled, as PyTorch.
+Tensor clip_grad_norm(const std::vector<Tensor>& params, double max_norm, double norm_type = 2.0,
+                      bool error_if_nonfinite = false);
 /// Clamps every defined gradient of `params` to [-clip_value, clip_value].
 void clip_grad_value(const std::vector<Tensor>& params, double clip_value);
 

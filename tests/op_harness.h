@@ -1390,6 +1390,32 @@ inline const std::vector<GradCase>& grad_cases() {
                     {0, 1, 0.5, 0.25, 1, 0.75},
                     {1, 2, 0.5, 1, 1, 1},
                     {2, 0.5, 1.5}}}}});
+    // kl_div differentiates in both arguments; a zero target (0 log 0) is kept out of the
+    // domain: torch's xlogy gives its target gradient as 0/0 there.
+    c.push_back(
+        {"kl_div/batchmean", "kl_div", {in({3, 4}, -3, -0.1), in({3, 4}, 0.05, 1)}, [](const V& x) {
+           return nn::kl_div(x[0], x[1], {.reduction = nn::KLDivReduction::BatchMean});
+         }});
+    c.push_back({"kl_div/log_target none",
+                 "kl_div",
+                 {in({2, 3}, -3, 0), in({2, 3}, -3, 0)},
+                 [](const V& x) {
+                   return nn::kl_div(x[0], x[1],
+                                     {.reduction = nn::KLDivReduction::None, .log_target = true});
+                 }});
+    // At |d| == delta both pieces have slope delta: differentiable there.
+    c.push_back({"huber_loss",
+                 "huber_loss",
+                 {in({2, 3}), in({2, 3})},
+                 [](const V& x) { return nn::huber_loss(x[0], x[1], nn::Reduction::Sum, 0.7); },
+                 {{"|d| = 0 and delta", {{0, 1.7, -0.3, 2, 1, -1}, {0, 1, 0.4, 0, 1.5, 0}}}}});
+    // Probabilities inside (0, 1): at exactly 0 or 1 the clamped log's gradient (0) is not
+    // torch's (x - y) / max(x (1 - x), 1e-12).
+    c.push_back(
+        {"binary_cross_entropy/weights",
+         "binary_cross_entropy",
+         {in({2, 3}, 0.05, 0.95), in({2, 3}, 0, 1), in({3}, 0.5, 2)},
+         [](const V& x) { return nn::binary_cross_entropy(x[0], x[1], {.weight = x[2]}); }});
     return c;
   }();
   return cases;

@@ -440,6 +440,14 @@ std::vector<Case> catalogue() {
                  d["extra"] = f32({1});
                  lin.load_state_dict(d);
                }});
+  c.push_back({"ModuleList index out of range", R::Index, "[ModuleList]", [] {
+                 nn::ModuleList l;
+                 (void)l[0];
+               }});
+  c.push_back({"ModuleDict missing key", R::Value, "[ModuleDict]", [] {
+                 nn::ModuleDict d;
+                 (void)d["head"];
+               }});
   // ---- losses ----
   c.push_back({"cross_entropy class index out of range", R::Index, "[cross_entropy]", [] {
                  nn::F::cross_entropy(f32({2, 3}), i64({0, 7})).eval();
@@ -469,6 +477,15 @@ std::vector<Case> catalogue() {
                }});
   c.push_back({"smooth_l1_loss with a negative beta", R::Value, "[smooth_l1_loss]",
                [] { (void)nn::F::smooth_l1_loss(f32({2}), f32({2}), nn::Reduction::Mean, -1.0); }});
+  c.push_back({"kl_div of different shapes", R::Shape, "[kl_div]", [] {
+                 (void)nn::F::kl_div(f32({2, 3}), f32({3}));
+               }});
+  c.push_back({"huber_loss with delta 0", R::Value, "[huber_loss]",
+               [] { (void)nn::F::huber_loss(f32({2}), f32({2}), nn::Reduction::Mean, 0.0); }});
+  c.push_back({"binary_cross_entropy with a weight that does not broadcast", R::Shape,
+               "[binary_cross_entropy]", [] {
+                 (void)nn::F::binary_cross_entropy(f32({2, 3}), f32({2, 3}), {.weight = f32({2})});
+               }});
   // ---- optimizers and schedulers ----
   c.push_back({"SGD over an empty parameter list", R::Value, "[SGD]",
                [] { optim::SGD opt(std::vector<Tensor>{}, {}); }});
@@ -519,6 +536,45 @@ std::vector<Case> catalogue() {
   c.push_back({"clip_grad_norm with a negative max_norm", R::Value, "[clip_grad_norm]", [] {
                  Trained t;
                  (void)optim::clip_grad_norm(t.model.parameters(), -1.0);
+               }});
+  c.push_back({"clip_grad_norm of an infinite gradient with error_if_nonfinite", R::Value,
+               "[clip_grad_norm]", [] {
+                 Tensor w = f32({2});
+                 w.requires_grad_();
+                 w.set_grad(kiln::full({2}, INFINITY));
+                 (void)optim::clip_grad_norm({w}, 1.0, 2.0, true);
+               }});
+  c.push_back({"RMSprop with a negative alpha", R::Value, "[RMSprop]", [] {
+                 Trained t;
+                 optim::RMSprop opt(t.model.parameters(), {.alpha = -1});
+               }});
+  c.push_back({"Adagrad with a negative lr_decay", R::Value, "[Adagrad]", [] {
+                 Trained t;
+                 optim::Adagrad opt(t.model.parameters(), {.lr_decay = -1});
+               }});
+  c.push_back({"OneCycleLR cycling the momentum of Adagrad", R::Value, "[OneCycleLR]", [] {
+                 Trained t;
+                 optim::Adagrad opt(t.model.parameters(), {});
+                 optim::OneCycleLR s(opt, 0.1, 10);
+               }});
+  c.push_back({"OneCycleLR stepped past total_steps", R::Value, "[OneCycleLR]", [] {
+                 Trained t;
+                 optim::SGD opt(t.model.parameters(), {});
+                 optim::OneCycleLR s(opt, 0.1, 1);
+                 s.step();
+                 s.step();
+               }});
+  c.push_back({"ReduceLROnPlateau with factor >= 1", R::Value, "[ReduceLROnPlateau]", [] {
+                 Trained t;
+                 optim::SGD opt(t.model.parameters(), {});
+                 optim::ReduceLROnPlateau s(opt, {.factor = 2});
+               }});
+  c.push_back({"scheduler load_state_dict of another kind", R::Value, "[LRScheduler]", [] {
+                 Trained t;
+                 optim::SGD opt(t.model.parameters(), {});
+                 optim::ReduceLROnPlateau plateau(opt);
+                 optim::StepLR s(opt, 2);
+                 s.load_state_dict(plateau.state_dict());
                }});
   // ---- serialization and files ----
   c.push_back({"load_safetensors of a missing file", R::IO, "[load_safetensors]",

@@ -219,4 +219,210 @@ Tensor binary_cross_entropy_with_logits(const Tensor& input_in, const Tensor& ta
   return reduce(loss, o.reduction);
 }
 
+namespace {
+
+const char* reduction_name(Reduction r) {
+  switch (r) {
+    case Reduction::None:
+      return "none";
+    case Reduction::Sum:
+      return "sum";
+    case Reduction::Mean:
+      return "mean";
+  }
+  return "?";
+}
+
+// log(x) clamped below at -100, as PyTorch's binary_cross_entropy. x == 0 reads log(1)
+// inside the where so that neither the value nor the gradient meets log(0) = -inf
+// (0 * inf would make the gradient NaN); the clamped branch is constant, so its gradient is
+// 0. Negative x still gives NaN, flagging a probability out of range.
+Tensor clamped_log(const Tensor& x) {
+  Tensor zero = x == 0.0;
+  return where(zero, -100.0, maximum(log(where(zero, 1.0, x)), -100.0));
+}
+
+}  // namespace
+
+Tensor kl_div(const Tensor& input_in, const Tensor& target_in, const KLDivOptions& o) {
+  const char* op = "kl_div";
+  const Tensor input = amp::full_precision(input_in), target = amp::full_precision(target_in);
+  check_same_shape(input, target, op);
+  Tensor loss;
+  if (o.log_target) {
+    loss = exp(target) * (target - input);
+  } else {
+    // xlogy(t, t) - t * input: 0 log 0 is 0, so a zero target contributes nothing, and the
+    // inner where keeps log(0) out of the gradient. A negative target stays NaN, as in torch.
+    Tensor zero = target == 0.0;
+    Tensor t_log_t = where(zero, 0.0, target * log(where(zero, 1.0, target)));
+    loss = t_log_t - target * input;
+  }
+  switch (o.reduction) {
+    case KLDivReduction::None:
+      return loss;
+    case KLDivReduction::Sum:
+      return sum(loss);
+    case KLDivReduction::Mean:
+      return mean(loss);
+    case KLDivReduction::BatchMean:
+      // PyTorch divides by input.size(0), and a rank-0 input is its own batch of one.
+      return input.ndim() == 0 ? sum(loss) : sum(loss) / static_cast<double>(input.size(0));
+  }
+  return loss;
+}
+
+Tensor huber_loss(const Tensor& input_in, const Tensor& target_in, Reduction reduction,
+                  double delta) {
+  const Tensor input = amp::full_precision(input_in), target = amp::full_precision(target_in);
+  check_same_shape(input, target, "huber_loss");
+  if (!(delta > 0.0)) throw ValueError("[huber_loss] delta must be > 0, got " + detail::num(delta));
+  Tensor d = abs(input - target);
+  return reduce(where(d < delta, d * d * 0.5, (d - 0.5 * delta) * delta), reduction);
+}
+
+Tensor binary_cross_entropy(const Tensor& input_in, const Tensor& target_in, const BCEOptions& o) {
+  const char* op = "binary_cross_entropy";
+  const Tensor input = amp::full_precision(input_in), target = amp::full_precision(target_in);
+  check_same_shape(input, target, op);
+  // The weighted sum, not y*log x + (1-y)*log(1-x) expanded: where y is 0 or 1 one term is
+  // exactly 0 even when its log is clamped.
+  Tensor loss = -(target * clamped_log(input) + (1.0 - target) * clamped_log(1.0 - input));
+  if (o.weight.defined()) {
+    Tensor weight = amp::full_precision(o.weight);
+    detail::require_same_dtype(input, weight, op, "weight");
+    broadcast_to(weight, input.shape(), op);
+    loss = loss * weight;
+  }
+  return reduce(loss, o.reduction);
+}
+
+// ---------------------------------------------------------------------------------------
+// Loss modules
+
+KLDivLoss::KLDivLoss(const KLDivOptions& options) : Module("KLDivLoss"), options(options) {}
+
+Tensor KLDivLoss::forward(const Tensor& input, const Tensor& target) {
+  return kl_div(input, target, options);
+}
+
+std::string KLDivLoss::extra_repr() const {
+  static const char* names[] = {"none", "mean", "sum", "batchmean"};
+  return std::string("reduction=") + names[static_cast<int>(options.reduction)] +
+         ", log_target=" + (options.log_target ? "true" : "false");
+}
+
+HuberLoss::HuberLoss(Reduction reduction, double delta)
+    : Module("HuberLoss"), reduction(reduction), delta(delta) {
+  if (!(delta > 0.0)) throw ValueError("[HuberLoss] delta must be > 0, got " + detail::num(delta));
+}
+
+Tensor HuberLoss::forward(const Tensor& input, const Tensor& target) {
+  return huber_loss(input, target, reduction, delta);
+}
+
+std::string HuberLoss::extra_repr() const {
+  return std::string("reduction=") + reduction_name(reduction) + ", delta=" + detail::num(delta);
+}
+
+BCELoss::BCELoss(const BCEOptions& options) : Module("BCELoss"), reduction(options.reduction) {
+  // A new handle, as weight_buffer below makes: to() must not rebind the caller's tensor.
+  if (options.weight.defined()) weight_ = register_buffer("weight", Tensor(options.weight.node()));
+}
+
+Tensor BCELoss::forward(const Tensor& input, const Tensor& target) {
+  return binary_cross_entropy(input, target, {.reduction = reduction, .weight = weight_});
+}
+
+std::string BCELoss::extra_repr() const {
+  return std::string("reduction=") + reduction_name(reduction);
+}
+
+namespace {
+
+// A loss module's optional weight tensor, registered as a buffer so that it follows to()
+// and appears in state_dict() under PyTorch's name; returns the registered handle. The
+// buffer is a new handle on the caller's value, so the module's to() leaves the caller's
+// tensor as it was (PyTorch's to() makes new tensors too).
+Tensor weight_buffer(Module& m, const char* name, const Tensor& weight) {
+  return weight.defined() ? m.register_buffer(name, Tensor(weight.node())) : weight;
+}
+
+std::string cross_entropy_repr(const CrossEntropyOptions& o) {
+  return std::string("reduction=") + reduction_name(o.reduction) +
+         ", ignore_index=" + std::to_string(o.ignore_index) +
+         (o.label_smoothing != 0 ? ", label_smoothing=" + detail::num(o.label_smoothing) : "");
+}
+
+}  // namespace
+
+CrossEntropyLoss::CrossEntropyLoss(const CrossEntropyOptions& o)
+    : Module("CrossEntropyLoss"), options(o) {
+  options.weight = weight_buffer(*this, "weight", o.weight);
+}
+
+Tensor CrossEntropyLoss::forward(const Tensor& input, const Tensor& target) {
+  return cross_entropy(input, target, options);
+}
+
+std::string CrossEntropyLoss::extra_repr() const { return cross_entropy_repr(options); }
+
+NLLLoss::NLLLoss(const CrossEntropyOptions& o) : Module("NLLLoss"), options(o) {
+  options.weight = weight_buffer(*this, "weight", o.weight);
+}
+
+Tensor NLLLoss::forward(const Tensor& input, const Tensor& target) {
+  return nll_loss(input, target, options);
+}
+
+std::string NLLLoss::extra_repr() const { return cross_entropy_repr(options); }
+
+MSELoss::MSELoss(Reduction r) : Module("MSELoss"), reduction(r) {}
+
+Tensor MSELoss::forward(const Tensor& input, const Tensor& target) {
+  return mse_loss(input, target, reduction);
+}
+
+std::string MSELoss::extra_repr() const {
+  return std::string("reduction=") + reduction_name(reduction);
+}
+
+L1Loss::L1Loss(Reduction r) : Module("L1Loss"), reduction(r) {}
+
+Tensor L1Loss::forward(const Tensor& input, const Tensor& target) {
+  return l1_loss(input, target, reduction);
+}
+
+std::string L1Loss::extra_repr() const {
+  return std::string("reduction=") + reduction_name(reduction);
+}
+
+SmoothL1Loss::SmoothL1Loss(Reduction r, double beta)
+    : Module("SmoothL1Loss"), reduction(r), beta(beta) {
+  if (!(beta >= 0.0))
+    throw ValueError("[SmoothL1Loss] beta must be >= 0, got " + detail::num(beta));
+}
+
+Tensor SmoothL1Loss::forward(const Tensor& input, const Tensor& target) {
+  return smooth_l1_loss(input, target, reduction, beta);
+}
+
+std::string SmoothL1Loss::extra_repr() const {
+  return std::string("reduction=") + reduction_name(reduction) + ", beta=" + detail::num(beta);
+}
+
+BCEWithLogitsLoss::BCEWithLogitsLoss(const BCEWithLogitsOptions& o)
+    : Module("BCEWithLogitsLoss"), options(o) {
+  options.weight = weight_buffer(*this, "weight", o.weight);
+  options.pos_weight = weight_buffer(*this, "pos_weight", o.pos_weight);
+}
+
+Tensor BCEWithLogitsLoss::forward(const Tensor& input, const Tensor& target) {
+  return binary_cross_entropy_with_logits(input, target, options);
+}
+
+std::string BCEWithLogitsLoss::extra_repr() const {
+  return std::string("reduction=") + reduction_name(options.reduction);
+}
+
 }  // namespace kiln::nn

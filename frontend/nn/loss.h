@@ -3,8 +3,10 @@
 // smoothing), composed from kiln ops so they fuse with the model and differentiate.
 // Available as kiln::nn::cross_entropy and as kiln::nn::F::cross_entropy.
 #include <cstdint>
+#include <string>
 
 #include "../../core/tensor.h"
+#include "module.h"
 
 namespace kiln::nn {
 
@@ -57,9 +59,151 @@ struct BCEWithLogitsOptions {
 Tensor binary_cross_entropy_with_logits(const Tensor& input, const Tensor& target,
                                         const BCEWithLogitsOptions& options = {});
 
+/// kl_div's reductions: PyTorch's "batchmean" (the sum divided by the batch size, input's
+/// dimension 0) is the one that gives the true KL divergence per sample.
+enum class KLDivReduction { None, Mean, Sum, BatchMean };
+
+/// Options of kl_div.
+struct KLDivOptions {
+  /// Mean averages over every element, as PyTorch's default (which warns to use BatchMean).
+  KLDivReduction reduction = KLDivReduction::Mean;
+  /// The target holds log-probabilities too.
+  bool log_target = false;
+};
+
+/// Kullback-Leibler divergence of `target` from the distribution whose log-probabilities are
+/// `input` (torch.nn.functional.kl_div): pointwise target * (log target - input), with
+/// 0 where target is 0, or exp(target) * (target - input) with log_target. Shapes must match.
+Tensor kl_div(const Tensor& input, const Tensor& target, const KLDivOptions& options = {});
+
+/// 0.5 d^2 where |d| < delta, else delta * (|d| - 0.5 delta), with d = input - target
+/// (torch.nn.functional.huber_loss); delta > 0, shapes must match.
+Tensor huber_loss(const Tensor& input, const Tensor& target, Reduction reduction = Reduction::Mean,
+                  double delta = 1.0);
+
+/// Options of binary_cross_entropy.
+struct BCEOptions {
+  Reduction reduction = Reduction::Mean;
+  /// Per-element weight, broadcast to the input.
+  Tensor weight{};
+};
+
+/// -w [y log x + (1 - y) log(1 - x)] for probabilities x in [0, 1] and targets y of x's shape
+/// and dtype (torch.nn.functional.binary_cross_entropy). Each log is clamped at -100, as
+/// PyTorch does, so x = 0 or 1 gives a finite loss; x outside [0, 1] gives NaN (PyTorch
+/// raises at run time; kiln checks values only when they are computed). Prefer
+/// binary_cross_entropy_with_logits: it is stable where the sigmoid saturates.
+Tensor binary_cross_entropy(const Tensor& input, const Tensor& target,
+                            const BCEOptions& options = {});
+
+/// torch.nn.KLDivLoss: kl_div with fixed options.
+class KLDivLoss : public Module {
+ public:
+  explicit KLDivLoss(const KLDivOptions& options = {});
+  /// kl_div(input, target, options).
+  Tensor forward(const Tensor& input, const Tensor& target);
+  Tensor operator()(const Tensor& input, const Tensor& target) { return forward(input, target); }
+  std::string extra_repr() const override;
+  KLDivOptions options;
+};
+
+/// torch.nn.HuberLoss: huber_loss with a fixed reduction and delta.
+class HuberLoss : public Module {
+ public:
+  explicit HuberLoss(Reduction reduction = Reduction::Mean, double delta = 1.0);
+  /// huber_loss(input, target, reduction, delta).
+  Tensor forward(const Tensor& input, const Tensor& target);
+  Tensor operator()(const Tensor& input, const Tensor& target) { return forward(input, target); }
+  std::string extra_repr() const override;
+  Reduction reduction;
+  double delta;
+};
+
+/// torch.nn.BCELoss: binary_cross_entropy with fixed options (the weight is a buffer, so it
+/// follows to() and appears in state_dict() as "weight", as in PyTorch).
+class BCELoss : public Module {
+ public:
+  explicit BCELoss(const BCEOptions& options = {});
+  /// binary_cross_entropy(input, target, options).
+  Tensor forward(const Tensor& input, const Tensor& target);
+  Tensor operator()(const Tensor& input, const Tensor& target) { return forward(input, target); }
+  std::string extra_repr() const override;
+  Reduction reduction;
+
+ private:
+  Tensor weight_;
+};
+
+/// torch.nn.CrossEntropyLoss: cross_entropy with fixed options (the class weight is a buffer
+/// named "weight", as in PyTorch).
+class CrossEntropyLoss : public Module {
+ public:
+  explicit CrossEntropyLoss(const CrossEntropyOptions& options = {});
+  /// cross_entropy(input, target, options).
+  Tensor forward(const Tensor& input, const Tensor& target);
+  Tensor operator()(const Tensor& input, const Tensor& target) { return forward(input, target); }
+  std::string extra_repr() const override;
+  CrossEntropyOptions options;  ///< options.weight is the registered buffer
+};
+
+/// torch.nn.NLLLoss: nll_loss with fixed options (class weight as for CrossEntropyLoss).
+class NLLLoss : public Module {
+ public:
+  explicit NLLLoss(const CrossEntropyOptions& options = {});
+  /// nll_loss(input, target, options).
+  Tensor forward(const Tensor& input, const Tensor& target);
+  Tensor operator()(const Tensor& input, const Tensor& target) { return forward(input, target); }
+  std::string extra_repr() const override;
+  CrossEntropyOptions options;
+};
+
+/// torch.nn.MSELoss, L1Loss and SmoothL1Loss: the functions with a fixed reduction (and beta).
+class MSELoss : public Module {
+ public:
+  explicit MSELoss(Reduction reduction = Reduction::Mean);
+  Tensor forward(const Tensor& input, const Tensor& target);
+  Tensor operator()(const Tensor& input, const Tensor& target) { return forward(input, target); }
+  std::string extra_repr() const override;
+  Reduction reduction;
+};
+
+class L1Loss : public Module {
+ public:
+  explicit L1Loss(Reduction reduction = Reduction::Mean);
+  Tensor forward(const Tensor& input, const Tensor& target);
+  Tensor operator()(const Tensor& input, const Tensor& target) { return forward(input, target); }
+  std::string extra_repr() const override;
+  Reduction reduction;
+};
+
+class SmoothL1Loss : public Module {
+ public:
+  explicit SmoothL1Loss(Reduction reduction = Reduction::Mean, double beta = 1.0);
+  Tensor forward(const Tensor& input, const Tensor& target);
+  Tensor operator()(const Tensor& input, const Tensor& target) { return forward(input, target); }
+  std::string extra_repr() const override;
+  Reduction reduction;
+  double beta;
+};
+
+/// torch.nn.BCEWithLogitsLoss: binary_cross_entropy_with_logits with fixed options (weight
+/// and pos_weight are buffers of those names, as in PyTorch).
+class BCEWithLogitsLoss : public Module {
+ public:
+  explicit BCEWithLogitsLoss(const BCEWithLogitsOptions& options = {});
+  /// binary_cross_entropy_with_logits(input, target, options).
+  Tensor forward(const Tensor& input, const Tensor& target);
+  Tensor operator()(const Tensor& input, const Tensor& target) { return forward(input, target); }
+  std::string extra_repr() const override;
+  BCEWithLogitsOptions options;
+};
+
 namespace functional {
+using nn::binary_cross_entropy;
 using nn::binary_cross_entropy_with_logits;
 using nn::cross_entropy;
+using nn::huber_loss;
+using nn::kl_div;
 using nn::l1_loss;
 using nn::mse_loss;
 using nn::nll_loss;

@@ -1,9 +1,11 @@
 #include "module.h"
 
+#include <algorithm>
 #include <functional>
 #include <ostream>
 #include <unordered_map>
 #include <unordered_set>
+#include <utility>
 
 #include "../../ops/elementwise.h"
 #include "../../ops/sources.h"
@@ -71,6 +73,17 @@ void Module::add_child(const std::string& name, std::shared_ptr<Module> module) 
   check_new_name(name, "submodule");
   if (!module) throw ValueError("[" + name_ + "] submodule \"" + name + "\" is null");
   children_.emplace_back(name, std::move(module));
+}
+
+void Module::replace_module(const std::string& name, std::shared_ptr<Module> module) {
+  if (!module) throw ValueError("[" + name_ + "] submodule \"" + name + "\" is null");
+  for (auto& [n, child] : children_) {
+    if (n == name) {
+      child = std::move(module);
+      return;
+    }
+  }
+  throw ValueError("[" + name_ + "] replace_module: no submodule named \"" + name + "\"");
 }
 
 void Module::replace_tensor(const std::string& name, Tensor value) {
@@ -148,7 +161,18 @@ StateDict Module::state_dict() const {
   return dict;
 }
 
-void Module::load_state_dict(const StateDict& dict, bool strict) {
+Module& Module::apply(const std::function<void(Module&)>& fn) {
+  for (auto& [_, child] : children_) child->apply(fn);
+  fn(*this);
+  return *this;
+}
+
+Module& Module::requires_grad_(bool requires_grad) {
+  for (const Tensor& p : parameters()) p.requires_grad_(requires_grad);
+  return *this;
+}
+
+LoadStateDictResult Module::load_state_dict(const StateDict& dict, bool strict) {
   StateDict own = state_dict();
   std::vector<std::string> missing, unexpected, mismatched;
   bool shape_mismatch = false;
@@ -192,7 +216,63 @@ void Module::load_state_dict(const StateDict& dict, bool strict) {
     auto it = dict.find(n);
     if (it != dict.end()) t.assign(fresh_copy(it->second, t.device()));
   }
+  return {std::move(missing), std::move(unexpected)};
 }
+
+// ---------------------------------------------------------------------------------------
+// Hooks
+
+void HookHandle::remove() {
+  if (remover_) std::exchange(remover_, nullptr)();
+}
+
+namespace {
+
+// Erases the entry `id` from hooks->*list if the module (its hook lists) still exists.
+template <typename List, typename Hooks>
+std::function<void()> remover(const std::shared_ptr<Hooks>& hooks, List Hooks::*list, uint64_t id) {
+  return [weak = std::weak_ptr<Hooks>(hooks), list, id] {
+    if (auto h = weak.lock()) {
+      auto& v = (*h).*list;
+      std::erase_if(v, [&](const auto& entry) { return entry.first == id; });
+    }
+  };
+}
+
+}  // namespace
+
+HookHandle UnaryModule::register_forward_hook(ForwardHook hook) {
+  if (!hook) throw ValueError("[" + name() + "] register_forward_hook: the hook is empty");
+  const uint64_t id = hooks_->next_id++;
+  hooks_->post.emplace_back(id, std::move(hook));
+  return HookHandle(remover(hooks_, &Hooks::post, id));
+}
+
+HookHandle UnaryModule::register_forward_pre_hook(ForwardPreHook hook) {
+  if (!hook) throw ValueError("[" + name() + "] register_forward_pre_hook: the hook is empty");
+  const uint64_t id = hooks_->next_id++;
+  hooks_->pre.emplace_back(id, std::move(hook));
+  return HookHandle(remover(hooks_, &Hooks::pre, id));
+}
+
+Tensor UnaryModule::operator()(const Tensor& x) {
+  // Copies of the lists: a hook may remove itself (or another) while they run.
+  Tensor input = x;
+  if (!hooks_->pre.empty()) {
+    for (auto& [_, hook] : std::vector(hooks_->pre)) {
+      if (std::optional<Tensor> r = hook(*this, input)) input = *r;
+    }
+  }
+  Tensor output = forward(input);
+  if (!hooks_->post.empty()) {
+    for (auto& [_, hook] : std::vector(hooks_->post)) {
+      if (std::optional<Tensor> r = hook(*this, input, output)) output = *r;
+    }
+  }
+  return output;
+}
+
+// ---------------------------------------------------------------------------------------
 
 void Module::replace_all(const std::function<bool(const Tensor&)>& wanted,
                          const std::function<Tensor(const Tensor&)>& replacement, bool drop_grad) {

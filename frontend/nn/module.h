@@ -3,9 +3,11 @@
 // torch.nn.Module. Parameters are Tensor handles: every copy (the module's member, the
 // vector parameters() returns, an optimizer's list) shares one handle, so an update made
 // through assign() on any copy is seen by the module.
+#include <cstdint>
 #include <functional>
 #include <iosfwd>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -14,6 +16,14 @@
 #include "../state_dict.h"
 
 namespace kiln::nn {
+
+/// What load_state_dict found besides what it loaded (PyTorch's _IncompatibleKeys).
+struct LoadStateDictResult {
+  /// The module's keys the dict lacks (left unchanged).
+  std::vector<std::string> missing_keys;
+  /// The dict's keys the module lacks (ignored).
+  std::vector<std::string> unexpected_keys;
+};
 
 /// Base of every layer. Modules are held through std::shared_ptr (see make()).
 class Module {
@@ -61,13 +71,22 @@ class Module {
   void eval() { train(false); }
   bool is_training() const { return training_; }
 
+  /// Calls `fn` on every submodule and then on this one, children before their parent and
+  /// in registration order (torch's Module.apply; e.g. a custom initialisation).
+  Module& apply(const std::function<void(Module&)>& fn);
+  /// Sets whether every parameter (recursively) requires a gradient: false freezes them, so
+  /// backward leaves their gradients undefined and optimizers skip them. Tied parameters
+  /// follow their first owner. Throws DTypeError for true on an integer parameter.
+  Module& requires_grad_(bool requires_grad = true);
+
   /// Parameters and buffers by dotted name; the tensors share the module's handles.
   StateDict state_dict() const;
   /// Copies the values of `dict` into the parameters and buffers. Every missing key,
   /// unexpected key and shape/dtype mismatch is reported in one error (ValueError, or
   /// ShapeError/DTypeError when mismatches are present); nothing is loaded on error. With
-  /// `strict` false, missing and unexpected keys are ignored but mismatches still throw.
-  void load_state_dict(const StateDict& dict, bool strict = true);
+  /// `strict` false, missing and unexpected keys are returned instead (the keys present are
+  /// loaded) but mismatches still throw.
+  LoadStateDictResult load_state_dict(const StateDict& dict, bool strict = true);
 
   /// Casts every floating parameter and buffer to `dtype` (integer buffers keep theirs).
   /// To float16/bfloat16, modules whose stays_float32() is true (the norm layers) keep
@@ -85,6 +104,10 @@ class Module {
 
   /// The layer's settings for printing, e.g. "in_features=4, out_features=2, bias=true".
   virtual std::string extra_repr() const { return {}; }
+
+ protected:
+  /// Rebinds the submodule registered under `name` (ModuleDict's assignment to a key).
+  void replace_module(const std::string& name, std::shared_ptr<Module> module);
 
  private:
   void add_child(const std::string& name, std::shared_ptr<Module> module);
@@ -105,13 +128,49 @@ class Module {
   std::vector<std::pair<std::string, std::shared_ptr<Module>>> children_;
 };
 
+/// Unregisters the hook it was returned for (torch's RemovableHandle). Copies remove the
+/// same hook; removing twice, or after the module is gone, does nothing.
+class HookHandle {
+ public:
+  HookHandle() = default;
+  void remove();
+
+ private:
+  friend class UnaryModule;
+  explicit HookHandle(std::function<void()> remover) : remover_(std::move(remover)) {}
+  std::function<void()> remover_;
+};
+
 /// A module whose forward maps one tensor to one tensor; Sequential chains these.
 class UnaryModule : public Module {
  public:
   using Module::Module;
   /// Computes the module's output (builds graph; nothing runs).
   virtual Tensor forward(const Tensor& x) = 0;
-  Tensor operator()(const Tensor& x) { return forward(x); }
+  /// forward(x) with the hooks: pre-hooks, forward, then forward hooks, each in registration
+  /// order. As in PyTorch, calling forward() directly runs no hooks; Sequential calls its
+  /// modules through this operator.
+  Tensor operator()(const Tensor& x);
+
+  /// Called as hook(module, input, output) after forward; a returned tensor replaces the
+  /// output (later hooks see the replacement).
+  using ForwardHook =
+      std::function<std::optional<Tensor>(Module&, const Tensor& input, const Tensor& output)>;
+  /// Called as hook(module, input) before forward; a returned tensor replaces the input.
+  using ForwardPreHook = std::function<std::optional<Tensor>(Module&, const Tensor& input)>;
+  /// Registers a forward hook (torch's register_forward_hook); ValueError when empty.
+  HookHandle register_forward_hook(ForwardHook hook);
+  /// Registers a forward pre-hook (torch's register_forward_pre_hook); ValueError when empty.
+  HookHandle register_forward_pre_hook(ForwardPreHook hook);
+
+ private:
+  // Shared with the handles (weakly), so a handle outliving the module is harmless.
+  struct Hooks {
+    uint64_t next_id = 0;
+    std::vector<std::pair<uint64_t, ForwardPreHook>> pre;
+    std::vector<std::pair<uint64_t, ForwardHook>> post;
+  };
+  std::shared_ptr<Hooks> hooks_ = std::make_shared<Hooks>();
 };
 
 /// std::make_shared<T>(args...): kiln modules live behind shared pointers.

@@ -10,6 +10,7 @@
 #include "../../ops/reindex.h"
 #include "../../ops/shape_ops.h"
 #include "../../ops/sources.h"
+#include "container.h"
 #include "detail.h"
 #include "functional.h"
 #include "init.h"
@@ -250,8 +251,8 @@ TransformerEncoder::TransformerEncoder(const TransformerEncoderLayer& proto, int
                                        std::shared_ptr<LayerNorm> final_norm)
     : UnaryModule("TransformerEncoder"), num_layers(n), norm(std::move(final_norm)) {
   detail::require_positive(n, name(), "num_layers");
-  // A container named as PyTorch's, so parameters are layers.<i>.* and printing matches.
-  auto list = register_module("layers", std::make_shared<Module>("ModuleList"));
+  // PyTorch's container, so parameters are layers.<i>.* and printing matches.
+  auto list = register_module("layers", std::make_shared<ModuleList>());
   const MultiheadAttention& attn = *proto.self_attn;
   const StateDict values = proto.state_dict();
   for (int64_t i = 0; i < n; ++i) {
@@ -267,7 +268,8 @@ TransformerEncoder::TransformerEncoder(const TransformerEncoderLayer& proto, int
     if (!(layer->linear1->weight.device() == w.device())) layer->to(w.device());
     layer->load_state_dict(values);
     if (!proto.is_training()) layer->eval();
-    layers.push_back(list->register_module(std::to_string(i), layer));
+    list->push_back(layer);
+    layers.push_back(layer);
   }
   if (norm) register_module("norm", norm);
 }
