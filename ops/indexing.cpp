@@ -212,8 +212,9 @@ Tensor& Tensor::index_put_(const std::vector<TensorIndex>& indices, const Tensor
   if (count == 0) return *this;
   Tensor src = kiln::reshape(broadcast_to(cast(value.to(device()), dtype()), target), {count});
   Tensor flat_positions = kiln::reshape(positions, {count});
-  // source[j] = 1 + the last k with flat_positions[k] == j (0 where nothing is written): a
-  // max-reduction, so a position named twice takes the last value, as torch's CPU kernel.
+  // source[j] = 1 + the last k with flat_positions[k] == j (below 1 where nothing is
+  // written): a max-reduction, so a position named twice takes the last value (torch leaves
+  // it unspecified; its CPU kernel gives the last too).
   Tensor order = add(kiln::index(Shape{count}, 0, DType::Int64, device()), 1);
   Tensor source = reindex_reduce(order, ReduceOp::Max, Shape{numel()},
                                  {IndexExpr::load(1, {IndexExpr::var(0)})}, {flat_positions}, true,
