@@ -1,6 +1,7 @@
 #pragma once
 // Where a tensor's value lives and runs: the host CPU or a CUDA device (core/cuda_driver.h
 // finds the devices; without a driver asking for one raises DeviceError).
+#include <iosfwd>
 #include <string>
 
 namespace kiln {
@@ -20,6 +21,9 @@ struct Device {
   bool is_cuda() const { return kind == Kind::CUDA; }
   friend bool operator==(const Device&, const Device&) = default;
 };
+
+/// Prints Device::str(): "cpu", "cuda:0".
+std::ostream& operator<<(std::ostream& os, const Device& device);
 
 /// The device factories use when none is given (cpu unless set); process-wide.
 Device default_device();

@@ -3,6 +3,7 @@
 // bfloat16 storage types with round-to-nearest-even conversion.
 #include <cstddef>
 #include <cstdint>
+#include <iosfwd>
 #include <string>
 #include <string_view>
 
@@ -27,6 +28,8 @@ inline constexpr int kNumDTypes = 10;
 size_t itemsize(DType dtype);
 /// Lower-case name as PyTorch prints it: "float32", "int64", "bool", ...
 std::string_view dtype_name(DType dtype);
+/// Prints dtype_name(): `std::cout << t.dtype()` shows "float32".
+std::ostream& operator<<(std::ostream& os, DType dtype);
 /// True for float16, bfloat16, float32, float64.
 bool is_floating(DType dtype);
 /// True for int8..int64 and uint8 (not bool).

@@ -3,6 +3,7 @@
 // every caller reports errors the same way.
 #include <cstddef>
 #include <cstdint>
+#include <iosfwd>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -25,6 +26,10 @@ int64_t checked_nbytes(std::string_view op, const Shape& shape, size_t itemsize)
 std::string shape_str(const Shape& shape);
 /// Row-major element strides of a contiguous buffer of this shape.
 std::vector<int64_t> contiguous_strides(const Shape& shape);
+/// Prints shape_str(): "[2, 3]". Shape is std::vector<int64_t>, so argument-dependent
+/// lookup does not find this from outside kiln: `std::cout << t.shape()` compiles where
+/// `using namespace kiln;` or `using kiln::operator<<;` is in scope.
+std::ostream& operator<<(std::ostream& os, const Shape& shape);
 /// numpy broadcasting of two shapes; throws ShapeError naming `op` and both shapes.
 Shape broadcast_shapes(std::string_view op, const Shape& a, const Shape& b);
 /// Maps a possibly negative axis into [0, rank); throws ShapeError naming `op` and `shape`.

@@ -93,7 +93,7 @@ Tensor Tensor::detach() const {
   return Tensor(detached_copy(checked("detach")));
 }
 
-void Tensor::rebind(const Tensor& value, const char* what, bool check_meta) {
+void Tensor::rebind(const Tensor& value, const char* what, bool check_meta, bool keep_history) {
   Node& old = const_cast<Node&>(checked(what));
   if (!value.defined()) throw ValueError(std::string("[") + what + "] the new value is undefined");
   const Node& v = *value.node();
@@ -110,6 +110,13 @@ void Tensor::rebind(const Tensor& value, const char* what, bool check_meta) {
   // A node with gradient history, or one about to become a leaf, is copied: marking the
   // value's own node would make the caller's tensor a leaf too.
   bool leaf = old.grad_leaf && is_floating(v.dtype);
+  if (keep_history && !leaf) {
+    // index_put_ on a computed value: the new value keeps its history, as torch's in-place
+    // ops on non-leaves do.
+    old.replaced = true;
+    impl_->reset(value.node());
+    return;
+  }
   NodePtr next = v.requires_grad || leaf ? detached_copy(v) : value.node();
   next->requires_grad = leaf;
   next->grad_leaf = leaf;

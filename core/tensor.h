@@ -1,8 +1,10 @@
 #pragma once
 // The user-facing handle to a lazy value. Building ops returns Tensors without running
 // anything; reading a value (item, to_vector, data, printing) evaluates what is pending.
+#include <concepts>
 #include <initializer_list>
 #include <iosfwd>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -10,6 +12,11 @@
 #include "node.h"
 
 namespace kiln {
+
+namespace indexing {
+class TensorIndex;
+}
+struct ValuesIndices;
 
 /// A reference-counted handle to a graph node. Copies share the handle, as libtorch
 /// tensors share their storage: assign() on one copy is seen by all of them, while `=`
@@ -50,6 +57,10 @@ class Tensor {
   /// The same value on `device` (a lazy, differentiable copy; this tensor when already
   /// there). Defined in ops/transfer.cpp.
   Tensor to(Device device) const;
+  /// The same value as `dtype` (a lazy, differentiable cast; this tensor when already so).
+  Tensor to(DType dtype) const;
+  /// The same value on `device` as `dtype`.
+  Tensor to(Device device, DType dtype) const;
 
   /// PyTorch-style text: values (summarised past 1000 elements), shape and dtype.
   std::string str() const;
@@ -74,6 +85,89 @@ class Tensor {
   /// seeds non-scalar outputs. Defined in ops/autograd.cpp.
   void backward(const Tensor& gradient = Tensor()) const;
 
+  // --- methods beside the free functions (libtorch's spelling) ---
+  // Each calls the free function of the same name in ops/ (ops/tensor_methods.cpp), so an
+  // op stays defined in one place. Reductions: `dims` empty means every dimension.
+  Tensor sum(const std::vector<int64_t>& dims = {}, bool keepdim = false) const;
+  template <std::integral Dim>
+    requires(!std::same_as<Dim, bool>)
+  Tensor sum(Dim dim, bool keepdim = false) const {
+    return sum(std::vector<int64_t>{static_cast<int64_t>(dim)}, keepdim);
+  }
+  Tensor mean(const std::vector<int64_t>& dims = {}, bool keepdim = false) const;
+  template <std::integral Dim>
+    requires(!std::same_as<Dim, bool>)
+  Tensor mean(Dim dim, bool keepdim = false) const {
+    return mean(std::vector<int64_t>{static_cast<int64_t>(dim)}, keepdim);
+  }
+  Tensor prod(const std::vector<int64_t>& dims = {}, bool keepdim = false) const;
+  /// Largest / smallest element of the whole tensor (rank 0).
+  Tensor max() const;
+  Tensor min() const;
+  /// Largest / smallest values along `dim` with the index of the first of each (torch's
+  /// t.max(dim)): `auto [values, indices] = t.max(1);`.
+  ValuesIndices max(int64_t dim, bool keepdim = false) const;
+  ValuesIndices min(int64_t dim, bool keepdim = false) const;
+  Tensor argmax() const;
+  Tensor argmax(int64_t dim, bool keepdim = false) const;
+  Tensor exp() const;
+  Tensor log() const;
+  Tensor abs() const;
+  Tensor sqrt() const;
+  Tensor relu() const;
+  Tensor sigmoid() const;
+  Tensor tanh() const;
+  Tensor neg() const;
+  Tensor square() const;
+  Tensor pow(const Tensor& exponent) const;
+  Tensor pow(const Scalar& exponent) const;
+  Tensor matmul(const Tensor& other) const;
+  /// Transpose of a matrix; rank 0 and 1 are returned as they are, rank > 2 raises ShapeError.
+  Tensor t() const;
+  Tensor transpose(int64_t dim0, int64_t dim1) const;
+  Tensor permute(const std::vector<int64_t>& dims) const;
+  /// Same as reshape(): kiln values never alias, so a view is a lazy copy (writes through
+  /// index_put_ on it do not reach this tensor).
+  Tensor view(const Shape& shape) const;
+  Tensor reshape(const Shape& shape) const;
+  Tensor flatten(int64_t start_dim = 0, int64_t end_dim = -1) const;
+  Tensor unsqueeze(int64_t dim) const;
+  Tensor squeeze() const;
+  Tensor squeeze(int64_t dim) const;
+  /// This tensor: kiln values are always dense and row-major.
+  Tensor contiguous() const { return *this; }
+  /// A new node with the same value and gradient history (d clone / d x = 1); flags set on
+  /// the copy (requires_grad_) do not reach this tensor.
+  Tensor clone() const;
+
+  // --- indexing (libtorch's C++ spelling; ops/indexing.cpp) ---
+  /// t[i]: the slice at position i of dim 0 (negative counts from the end), dim 0 removed;
+  /// differentiable. An index out of range raises IndexError.
+  Tensor operator[](int64_t index) const;
+  /// Python's t[...] with indexing::Slice, None, Ellipsis, integers, bools and one integer
+  /// or bool Tensor index (torch.Tensor.index). A bool mask is read now (its result's shape
+  /// depends on its values); everything else stays lazy.
+  Tensor index(const std::vector<indexing::TensorIndex>& indices) const;
+  /// t[...] = value (value broadcast to the indexed shape and cast to t's dtype), through
+  /// assign(): every copy of this handle sees the new lazy value, as with assign(). The
+  /// gradient history is kept for a non-leaf; a leaf that requires grad raises ValueError
+  /// unless gradient recording is off (NoGradGuard), as torch.
+  Tensor& index_put_(const std::vector<indexing::TensorIndex>& indices, const Tensor& value);
+  Tensor& index_put_(const std::vector<indexing::TensorIndex>& indices, const Scalar& value);
+
+  // --- compound assignment ---
+  /// x += y rebinds this variable to the lazy value x + y (cast back to x's dtype; the
+  /// broadcast shape must be x's). Unlike PyTorch's in-place ops, other Tensor variables
+  /// that shared the old value keep it; gradients flow through as through x + y.
+  Tensor& operator+=(const Tensor& other);
+  Tensor& operator+=(const Scalar& other);
+  Tensor& operator-=(const Tensor& other);
+  Tensor& operator-=(const Scalar& other);
+  Tensor& operator*=(const Tensor& other);
+  Tensor& operator*=(const Scalar& other);
+  Tensor& operator/=(const Tensor& other);
+  Tensor& operator/=(const Scalar& other);
+
   // --- updates ---
   /// Makes every copy of this handle refer to `value` (same shape and dtype), keeping the
   /// leaf flag and gradient: optimizers update parameters this way, so no graph grows
@@ -85,9 +179,59 @@ class Tensor {
  private:
   struct Impl;
   const Node& checked(const char* what) const;
-  void rebind(const Tensor& value, const char* what, bool check_meta);
+  void rebind(const Tensor& value, const char* what, bool check_meta, bool keep_history = false);
   std::shared_ptr<Impl> impl_;
 };
+
+/// Values and their int64 indices along a dimension (max, min, sort, topk), usable with
+/// structured bindings: `auto [values, indices] = max(x, 1);`.
+struct ValuesIndices {
+  Tensor values;
+  Tensor indices;
+};
+
+namespace indexing {
+/// Python's None: in index() inserts a dimension of size 1; as a Slice bound, "omitted".
+inline constexpr std::nullopt_t None = std::nullopt;
+/// Python's `...` in index(): as many full slices as the other indices leave dimensions.
+struct EllipsisIndexType {
+  explicit constexpr EllipsisIndexType() = default;
+};
+inline constexpr EllipsisIndexType Ellipsis{};
+/// Python's start:stop:step; an omitted (None) bound means the whole range; step >= 1.
+struct Slice {
+  Slice(std::optional<int64_t> start = std::nullopt, std::optional<int64_t> stop = std::nullopt,
+        std::optional<int64_t> step = std::nullopt)
+      : start(start), stop(stop), step(step) {}
+  std::optional<int64_t> start, stop, step;
+};
+/// One entry of Tensor::index(): None, Ellipsis, an integer, a bool, a Slice or a Tensor.
+class TensorIndex {
+ public:
+  enum class Kind : uint8_t { None, Ellipsis, Integer, Boolean, Slice, Tensor };
+  TensorIndex(std::nullopt_t) : kind_(Kind::None) {}
+  TensorIndex(EllipsisIndexType) : kind_(Kind::Ellipsis) {}
+  template <std::integral T>
+    requires(!std::same_as<T, bool>)
+  TensorIndex(T i) : kind_(Kind::Integer), integer_(static_cast<int64_t>(i)) {}
+  /// true inserts a dimension of size 1, false one of size 0 (as Python's t[True]).
+  TensorIndex(bool b) : kind_(Kind::Boolean), integer_(b) {}
+  TensorIndex(Slice s) : kind_(Kind::Slice), slice_(s) {}
+  TensorIndex(Tensor t) : kind_(Kind::Tensor), tensor_(std::move(t)) {}
+
+  Kind kind() const { return kind_; }
+  int64_t integer() const { return integer_; }
+  bool boolean() const { return integer_ != 0; }
+  const Slice& slice() const { return slice_; }
+  const Tensor& tensor() const { return tensor_; }
+
+ private:
+  Kind kind_;
+  int64_t integer_ = 0;
+  Slice slice_;
+  Tensor tensor_;
+};
+}  // namespace indexing
 
 /// Turns off gradient recording on this thread while alive (torch.no_grad()).
 class NoGradGuard {

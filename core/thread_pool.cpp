@@ -23,6 +23,7 @@
 #include <thread>
 #include <vector>
 
+#include "core/error.h"
 #include "core/settings.h"
 
 #if defined(__linux__)
@@ -214,18 +215,43 @@ void ThreadPool::parallel_for(int64_t n, int64_t grain,
   if (job.error) std::rethrow_exception(job.error);
 }
 
+namespace {
+// The process-wide pool. Read without a lock (an acquire load) by every kernel launch;
+// replaced only by set_num_threads under g_pool_mutex.
+std::atomic<ThreadPool*> g_pool{nullptr};
+std::mutex g_pool_mutex;
+}  // namespace
+
 ThreadPool& thread_pool() {
+  if (ThreadPool* pool = g_pool.load(std::memory_order_acquire)) return *pool;
   // Never destroyed: kernels may run from static destructors of other objects, and
   // sleeping workers need no cleanup at exit.
-  // A bad KILN_NUM_THREADS throws here, before any thread starts; the static stays unset,
+  // A bad KILN_NUM_THREADS throws here, before any thread starts; the pool stays unset,
   // so every later call that needs the pool raises the same error.
-  static ThreadPool* pool = [] {
-    int threads = std::max(static_cast<int>(std::thread::hardware_concurrency()), 1);
-    if (std::optional<int64_t> n = settings::integer("KILN_NUM_THREADS", 1, 4096))
-      threads = static_cast<int>(*n);
-    return new ThreadPool(threads);
-  }();
+  std::lock_guard<std::mutex> lock(g_pool_mutex);
+  if (ThreadPool* pool = g_pool.load(std::memory_order_acquire)) return *pool;
+  int threads = std::max(static_cast<int>(std::thread::hardware_concurrency()), 1);
+  if (std::optional<int64_t> n = settings::integer("KILN_NUM_THREADS", 1, 4096))
+    threads = static_cast<int>(*n);
+  auto* pool = new ThreadPool(threads);
+  g_pool.store(pool, std::memory_order_release);
   return *pool;
 }
+
+void set_num_threads(int threads) {
+  if (threads < 1 || threads > 4096) {
+    throw ValueError("[set_num_threads] expected a thread count in [1, 4096], got " +
+                     std::to_string(threads));
+  }
+  std::lock_guard<std::mutex> lock(g_pool_mutex);
+  ThreadPool* old = g_pool.load(std::memory_order_acquire);
+  if (old && old->size() == threads) return;
+  // The caller guarantees no evaluation is running, so no thread is inside the old pool;
+  // deleting it joins its (sleeping) workers.
+  g_pool.store(new ThreadPool(threads), std::memory_order_release);
+  delete old;
+}
+
+int get_num_threads() { return thread_pool().size(); }
 
 }  // namespace kiln

@@ -52,4 +52,11 @@ class ThreadPool {
 /// ValueError from every call until it is fixed.
 ThreadPool& thread_pool();
 
+/// Resizes the process-wide pool to `threads` (>= 1; ValueError otherwise), overriding
+/// KILN_NUM_THREADS (torch.set_num_threads). The old pool's workers are joined, so call it
+/// only while no evaluation runs on any thread (at start-up or between steps).
+void set_num_threads(int threads);
+/// Size of the process-wide pool, the calling thread included.
+int get_num_threads();
+
 }  // namespace kiln

@@ -3,6 +3,7 @@
 #include "../core/cuda_driver.h"
 #include "../core/graph_dump.h"
 #include "../core/tensor.h"
+#include "../core/thread_pool.h"
 #include "../jit/executor.h"
 #include "../jit/kernel_cache.h"
 #include "../memory/memory.h"

@@ -8,6 +8,7 @@
 
 #include "autocast.h"
 #include "autograd.h"
+#include "reduce_ops.h"
 #include "reindex.h"
 #include "sources.h"
 #include "transfer.h"
@@ -480,5 +481,32 @@ std::vector<Tensor> elementwise_vjp(const Node& n, const std::vector<Tensor>& in
 }
 
 }  // namespace detail
+
+Tensor isclose(const Tensor& a, const Tensor& b, double rtol, double atol, bool equal_nan) {
+  if (!a.defined() || !b.defined()) throw ValueError("[isclose] a tensor is undefined");
+  if (a.dtype() != b.dtype()) {
+    throw DTypeError("[isclose] expected both tensors to have the same dtype, got " +
+                     std::string(dtype_name(a.dtype())) + shape_str(a.shape()) + " and " +
+                     std::string(dtype_name(b.dtype())) + shape_str(b.shape()));
+  }
+  if (rtol < 0 || atol < 0) {
+    throw ValueError("[isclose] expected non-negative tolerances, got rtol=" + Scalar(rtol).str() +
+                     " atol=" + Scalar(atol).str());
+  }
+  // torch.isclose: equal (infinities included), or a finite difference within tolerance,
+  // measured in float64 here so integer inputs compare exactly.
+  Tensor close = eq(a, b);
+  if (equal_nan) close = logical_or(close, logical_and(isnan(a), isnan(b)));
+  if (a.dtype() == DType::Bool) return close;
+  Tensor ad = cast(a, DType::Float64), bd = cast(b, DType::Float64);
+  Tensor error = abs(sub(ad, bd));
+  Tensor allowed = add(scalar_tensor(atol), mul(scalar_tensor(rtol), abs(bd)));
+  Tensor finite = logical_not(logical_or(isnan(error), isinf(error)));
+  return logical_or(close, logical_and(finite, le(error, allowed)));
+}
+
+bool allclose(const Tensor& a, const Tensor& b, double rtol, double atol, bool equal_nan) {
+  return all(isclose(a, b, rtol, atol, equal_nan)).item<bool>();
+}
 
 }  // namespace kiln

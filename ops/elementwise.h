@@ -93,6 +93,14 @@ Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b);
 /// Limits x to [lo, hi] (either bound may be omitted by passing an undefined Tensor).
 Tensor clamp(const Tensor& x, const Tensor& lo, const Tensor& hi);
 
+/// torch.isclose: a == b, or |a - b| <= atol + rtol * |b| for finite differences, or both
+/// NaN when `equal_nan`; a and b must share a dtype (DTypeError otherwise), shapes broadcast.
+Tensor isclose(const Tensor& a, const Tensor& b, double rtol = 1e-5, double atol = 1e-8,
+               bool equal_nan = false);
+/// torch.allclose: every element isclose (evaluates now).
+bool allclose(const Tensor& a, const Tensor& b, double rtol = 1e-5, double atol = 1e-8,
+              bool equal_nan = false);
+
 /// Builds elementwise op `op` with broadcasting and promotion; scalars are weak operands.
 Tensor elementwise(OpCode op, const std::vector<Tensor>& inputs, const char* origin = nullptr);
 

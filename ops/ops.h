@@ -7,6 +7,7 @@
 #include "reduce_ops.h"
 #include "reference.h"
 #include "reindex.h"
+#include "selection.h"
 #include "shape_ops.h"
 #include "sources.h"
 #include "transfer.h"

@@ -31,12 +31,25 @@ KILN_SINGLE_AXIS(prod)
 Tensor mean(const Tensor& x, const std::vector<int64_t>& axes = {}, bool keepdim = false);
 KILN_SINGLE_AXIS(mean)
 /// Largest element over `axes`, same dtype; NaN propagates; a zero-size reduced dim raises
-/// ValueError.
+/// ValueError. (The single-dim max(x, dim) below returns indices too, as torch.max.)
 Tensor max(const Tensor& x, const std::vector<int64_t>& axes = {}, bool keepdim = false);
-KILN_SINGLE_AXIS(max)
 /// Smallest element over `axes`, as max().
 Tensor min(const Tensor& x, const std::vector<int64_t>& axes = {}, bool keepdim = false);
-KILN_SINGLE_AXIS(min)
+
+namespace detail {
+ValuesIndices extreme_with_index(const Tensor& x, int64_t dim, bool keepdim, bool largest);
+}  // namespace detail
+/// torch.max(x, dim): the largest values along `dim` and the int64 index of the first of
+/// each (NaN counts as largest); the gradient reaches that index only.
+template <SingleAxis Axis>
+ValuesIndices max(const Tensor& x, Axis dim, bool keepdim = false) {
+  return detail::extreme_with_index(x, static_cast<int64_t>(dim), keepdim, true);
+}
+/// torch.min(x, dim): the smallest values along `dim` and the index of the first of each.
+template <SingleAxis Axis>
+ValuesIndices min(const Tensor& x, Axis dim, bool keepdim = false) {
+  return detail::extreme_with_index(x, static_cast<int64_t>(dim), keepdim, false);
+}
 /// True where every element over `axes` is non-zero (bool result; empty gives true).
 Tensor all(const Tensor& x, const std::vector<int64_t>& axes = {}, bool keepdim = false);
 KILN_SINGLE_AXIS(all)
@@ -72,6 +85,12 @@ Tensor argmax(const Tensor& x);
 Tensor argmin(const Tensor& x, int64_t axis, bool keepdim = false);
 /// Row-major flat index (rank-0 int64) of the first smallest element of the whole tensor.
 Tensor argmin(const Tensor& x);
+
+/// Running sum along `dim` (torch.cumsum): out[i] = x[0] + ... + x[i]; bool and integer
+/// inputs give int64. Built as a masked reduction, O(n^2) work in the length of `dim`.
+Tensor cumsum(const Tensor& x, int64_t dim);
+/// Running product along `dim` (torch.cumprod), with cumsum's dtypes and cost.
+Tensor cumprod(const Tensor& x, int64_t dim);
 
 /// exp(x) / sum(exp(x)) along `axis`, shifted by the max for stability; floats only.
 Tensor softmax(const Tensor& x, int64_t axis);

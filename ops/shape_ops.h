@@ -40,6 +40,10 @@ Tensor pad(const Tensor& x, const std::vector<std::pair<int64_t, int64_t>>& pads
 
 /// Joins tensors along an existing axis (torch.cat); dtypes promote, other sizes must match.
 Tensor concat(const std::vector<Tensor>& tensors, int64_t axis = 0);
+/// torch.cat: the same as concat().
+inline Tensor cat(const std::vector<Tensor>& tensors, int64_t axis = 0) {
+  return concat(tensors, axis);
+}
 /// Joins equally shaped tensors along a new axis inserted at `axis`.
 Tensor stack(const std::vector<Tensor>& tensors, int64_t axis = 0);
 /// Pieces of `split_size` along `axis`; the last may be smaller (torch.split).

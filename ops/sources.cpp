@@ -108,6 +108,31 @@ Tensor arange(const Scalar& start, const Scalar& stop, const Scalar& step) {
 
 Tensor arange(int64_t stop) { return arange(0, stop, 1, DType::Int64); }
 
+Tensor eye(int64_t n, int64_t m, DType dtype, Device device) {
+  if (m < 0) m = n;
+  if (n < 0) throw ValueError("[eye] expected n >= 0, got " + std::to_string(n));
+  check_sizes("eye", {n, m}, itemsize(dtype));
+  if (n == 0 || m == 0) return zeros({n, m}, dtype, device);
+  Tensor diagonal =
+      eq(index({n, m}, 0, DType::Int64, device), index({n, m}, 1, DType::Int64, device));
+  return cast(diagonal, dtype);
+}
+
+Tensor linspace(double start, double end, int64_t steps, DType dtype, Device device) {
+  if (steps < 0) throw ValueError("[linspace] expected steps >= 0, got " + std::to_string(steps));
+  if (steps == 0) return zeros({0}, dtype, device);
+  if (steps == 1) return full({1}, start, dtype, device);
+  // As torch's kernel: the first half counts up from start, the second half down from end,
+  // so both ends are exact.
+  double step = (end - start) / static_cast<double>(steps - 1);
+  Tensor i = index({steps}, 0, DType::Float64, device);
+  Tensor up = add(mul(i, scalar_tensor(step)), scalar_tensor(start));
+  Tensor down = sub(scalar_tensor(end), mul(sub(scalar_tensor(static_cast<double>(steps - 1)), i),
+                                            scalar_tensor(step)));
+  Tensor v = where(lt(i, scalar_tensor(static_cast<double>(steps / 2))), up, down);
+  return cast(v, dtype);
+}
+
 Tensor from_data(const void* data, const Shape& shape, DType dtype, Device device) {
   NodePtr node = make_source(OpCode::Constant, shape, dtype, device, "from_data");
   if (data == nullptr && node->nbytes() > 0) {

@@ -27,6 +27,14 @@ Tensor arange(const Scalar& start, const Scalar& stop, const Scalar& step, DType
 /// 0, 1, ..., stop-1 as int64.
 Tensor arange(int64_t stop);
 
+/// The n x m identity matrix (m = n when negative): ones on the diagonal (torch.eye).
+Tensor eye(int64_t n, int64_t m = -1, DType dtype = DType::Float32,
+           Device device = default_device());
+/// `steps` values from start to end inclusive, evenly spaced (torch.linspace; computed in
+/// float64 as torch does, from both ends, then converted to `dtype`).
+Tensor linspace(double start, double end, int64_t steps, DType dtype = DType::Float32,
+                Device device = default_device());
+
 /// A constant tensor holding a copy of `data` (row-major; size must equal numel(shape)),
 /// stored on `device`.
 Tensor from_data(const void* data, const Shape& shape, DType dtype,

@@ -920,7 +920,7 @@ inline const std::vector<GradCase>& grad_cases() {
                  [](const V& x) { return prod(x[0], 1); },
                  {{"zeros", {{0, 2, -1}}, {{1, 1, 1}}}}});
     // max/min are torch.amax/amin: ties share the gradient evenly (a single -inf row too).
-    c.push_back({"max/axis", "max", {in({2, 3, 4})}, [](const V& x) { return max(x[0], 2); }});
+    c.push_back({"max/axis", "max", {in({2, 3, 4})}, [](const V& x) { return max(x[0], {2}); }});
     c.push_back({"max/axes keepdim", "max", {in({2, 3, 4})}, [](const V& x) {
                    return max(x[0], {0, 2}, true);
                  }});
@@ -928,14 +928,50 @@ inline const std::vector<GradCase>& grad_cases() {
         {"max/ties",
          "max",
          {in({2, 3})},
-         [](const V& x) { return max(x[0], 1); },
+         [](const V& x) { return max(x[0], {1}); },
          {{"three- and two-way ties",
            {{1, 1, 1, 2, 5, 5}},
            {{1.0 / 3, 1.0 / 3, 1.0 / 3, 0, 0.5, 0.5}}},
           {"-inf", {{-inf, 1, -inf, -inf, -inf, -inf}}, {{0, 1, 0, 1.0 / 3, 1.0 / 3, 1.0 / 3}}},
           // A NaN is the maximum: the NaNs share the gradient (torch.max()'s even split).
           {"NaN", {{1, nan, 2, nan, nan, 0}}, {{0, 1, 0, 0.5, 0.5, 0}}}}});
-    c.push_back({"max/size-1 axis", "max", {in({3, 1})}, [](const V& x) { return max(x[0], 1); }});
+    c.push_back(
+        {"max/size-1 axis", "max", {in({3, 1})}, [](const V& x) { return max(x[0], {1}); }});
+    // max(x, dim) with indices is torch.max(x, dim): the gradient goes to the reported
+    // (first) index only, NaN included.
+    c.push_back({"max/dim with indices",
+                 "max",
+                 {in({2, 3})},
+                 [](const V& x) { return max(x[0], 1).values; },
+                 {{"ties", {{1, 1, 1, 2, 5, 5}}, {{1, 0, 0, 0, 1, 0}}},
+                  {"NaN", {{1, nan, 2, nan, nan, 0}}, {{0, 1, 0, 1, 0, 0}}}}});
+    c.push_back({"min/dim with indices keepdim",
+                 "min",
+                 {in({3, 2})},
+                 [](const V& x) { return min(x[0], 0, true).values; },
+                 {{"ties", {{1, 4, 1, 4, 2, 4}}, {{1, 1, 0, 0, 0, 0}}}}});
+    c.push_back({"sort", "sort", {in({3, 4})}, [](const V& x) { return sort(x[0], 1).values; }});
+    c.push_back({"sort/descending first dim", "sort", {in({3, 2})}, [](const V& x) {
+                   return sort(x[0], 0, true).values;
+                 }});
+    c.push_back({"topk",
+                 "topk",
+                 {in({2, 3})},
+                 [](const V& x) { return topk(x[0], 2, 1).values; },
+                 {{"ties: the earlier positions", {{1, 1, 1, 2, 5, 5}}, {{1, 1, 0, 0, 1, 1}}}}});
+    c.push_back({"topk/smallest", "topk", {in({4, 2})}, [](const V& x) {
+                   return topk(x[0], 3, 0, false).values;
+                 }});
+    c.push_back({"cumsum", "cumsum", {in({3, 4})}, [](const V& x) { return cumsum(x[0], 1); }});
+    c.push_back(
+        {"cumsum/first dim", "cumsum", {in({3, 2})}, [](const V& x) { return cumsum(x[0], 0); }});
+    // cumprod is a polynomial: differentiable at zeros (d/dx_k sums the products that hold it).
+    c.push_back({"cumprod",
+                 "cumprod",
+                 {in({2, 4}, 0.5, 1.5)},
+                 [](const V& x) { return cumprod(x[0], 1); },
+                 {{"zeros", {{0, 2, 3, 1, 1, 0, 2, 0}}},
+                  {"one zero (exact)", {{2, 0, 3, 1, 1, 1, 1, 1}}, {{1, 14, 0, 0, 4, 3, 2, 1}}}}});
     c.push_back({"min/all", "min", {in({2, 3, 4})}, [](const V& x) { return min(x[0]); }});
     c.push_back(
         {"min/ties",
@@ -1113,6 +1149,9 @@ inline const std::vector<GradCase>& grad_cases() {
                  }});
     c.push_back({"concat", "concat", {in({3, 4}), in({3, 2}), in({3, 0})}, [](const V& x) {
                    return concat({x[0], x[1], x[2], x[1]}, 1);
+                 }});
+    c.push_back({"cat", "cat", {in({2, 3}), in({1, 3})}, [](const V& x) {
+                   return cat({x[0], x[1]}, 0);
                  }});
     c.push_back({"stack", "stack", {in({3, 4}), in({3, 4})}, [](const V& x) {
                    return stack({x[0], x[1] * 2.0}, 1);
@@ -1426,6 +1465,8 @@ inline const std::vector<GradCase>& grad_cases() {
 inline const std::map<std::string, std::string>& grad_exempt_ops() {
   static const std::map<std::string, std::string> m = {
       {"isnan", "bool result"},
+      {"isclose", "bool result"},
+      {"multinomial", "integer samples"},
       {"isinf", "bool result"},
       {"logical_not", "bool result"},
       {"logical_and", "bool result"},

@@ -171,12 +171,12 @@ TEST_CASE("reductions print one loop the loop vectorizer takes", "[fusion]") {
       {[&] { return sum(relu(a * b + c)); }, "reduction(+:total)"},
       {[&] { return sum(a * b, 1); }, "reduction(+:total)"},
       {[&] { return prod(a * 0.01f + 1.0f, 1); }, "reduction(*:total)"},
-      {[&] { return max(n * 2, 1); }, "reduction(max:total)"},
+      {[&] { return max(n * 2, {1}); }, "reduction(max:total)"},
       {[&] { return any(n - 3, 1); }, "reduction(|:total)"},
       {[&] { return all(n + 4, -1); }, "reduction(&:total)"},
-      {[&] { return max(relu(a * b + c), 1); }, "reduction(max:total_key)"},
+      {[&] { return max(relu(a * b + c), {1}); }, "reduction(max:total_key)"},
       {[&] { return min(a * b); }, "reduction(min:total_key)"},
-      {[&] { return max(d * 2.0, 1); }, "reduction(max:total_key)"}};
+      {[&] { return max(d * 2.0, {1}); }, "reduction(max:total_key)"}};
   for (size_t k = 0; k < cases.size(); ++k) {
     INFO("case " << k);
     check_against_reference(cases[k].build, 1e-4);

@@ -1,0 +1,167 @@
+// max/min with indices, sort, topk and multinomial, composed from meta-ops.
+//
+// sort computes each element's rank along the dimension as one fused comparison-and-sum
+// (how many elements come before it, ties broken by position, so the order is stable), then
+// scatters each position to its rank (a reindex-reduce whose target is read from the rank
+// tensor; targets >= k are skipped, which is topk) and gathers the values at the resulting
+// indices. No new meta-op is needed, the JIT fuses the O(n^2) comparison into the reduction,
+// and gradients reach exactly the selected elements through gather. max / min with indices
+// gather at argmax / argmin for the same reason: torch's gradient goes to the reported index
+// only, while the value-only max(x, {dim}) shares it between ties.
+#include <string>
+
+#include "ops.h"
+
+namespace kiln {
+
+namespace {
+
+std::string describe(const Tensor& t) {
+  return std::string(dtype_name(t.dtype())) + shape_str(t.shape());
+}
+
+void check_defined(const Tensor& x, const char* op) {
+  if (!x.defined()) throw ValueError(std::string("[") + op + "] the tensor is undefined");
+}
+
+// The dimension a single-dim op works on; a rank-0 tensor accepts 0 and -1, as torch.
+int dim_of(const Tensor& x, int64_t dim, const char* op) {
+  if (x.ndim() == 0) {
+    if (dim != 0 && dim != -1) {
+      throw ShapeError(std::string("[") + op + "] dimension " + std::to_string(dim) +
+                       " is out of range for a rank-0 tensor; expected 0 or -1");
+    }
+    return -1;
+  }
+  return normalize_axis(op, dim, x.shape());
+}
+
+// [..., n, n, 1, ...]-shaped comparison of positions: true where j (dim d + 1) < i (dim d),
+// broadcastable against x unsqueezed at d and d + 1.
+Tensor position_before(int64_t n, int rank_after, Device device) {
+  Tensor before = lt(kiln::index(Shape{n, n}, 1, DType::Int64, device),
+                     kiln::index(Shape{n, n}, 0, DType::Int64, device));
+  Shape s{n, n};
+  s.insert(s.end(), rank_after, 1);
+  return reshape(before, s);
+}
+
+// Rank of each element along `d` in ascending (or descending) order, ties by position; NaN
+// is above every number. int64, x's shape.
+Tensor ranks(const Tensor& x, int d, bool descending) {
+  Tensor xi = unsqueeze(x, d + 1);                            // element i at dim d
+  Tensor xj = unsqueeze(x, d);                                // element j at dim d + 1
+  Tensor a = descending ? xi : xj, b = descending ? xj : xi;  // j comes first when a < b
+  Tensor first = lt(a, b), same = eq(xj, xi);
+  if (is_floating(x.dtype())) {
+    first = logical_or(first, logical_and(logical_not(isnan(a)), isnan(b)));
+    same = logical_or(same, logical_and(isnan(xj), isnan(xi)));
+  }
+  int64_t n = x.shape()[d];
+  int after = x.ndim() - d - 1;
+  Tensor before = logical_or(first, logical_and(same, position_before(n, after, x.device())));
+  return sum(before, {d + 1});
+}
+
+// The first k positions in sorted order along `d`.
+ValuesIndices sorted_prefix(const Tensor& x, int d, bool descending, int64_t k, const char* op) {
+  Tensor rank = ranks(x, d, descending);
+  Shape out = x.shape();
+  out[d] = k;
+  std::vector<IndexExpr> map, at;
+  for (int a = 0; a < x.ndim(); ++a) at.push_back(IndexExpr::var(a));
+  for (int a = 0; a < x.ndim(); ++a)
+    map.push_back(a == d ? IndexExpr::load(1, at) : IndexExpr::var(a));
+  Tensor position = kiln::index(x.shape(), d, DType::Int64, x.device());
+  Tensor indices = reindex_reduce(position, ReduceOp::Sum, out, std::move(map), {rank}, false, op);
+  return {gather(x, d, indices), indices};
+}
+
+}  // namespace
+
+namespace detail {
+
+ValuesIndices extreme_with_index(const Tensor& x, int64_t dim, bool keepdim, bool largest) {
+  const char* op = largest ? "max" : "min";
+  check_defined(x, op);
+  int d = dim_of(x, dim, op);
+  if (d < 0) return {x, full({}, 0, DType::Int64, x.device())};
+  if (x.shape()[d] == 0) {
+    throw ValueError(std::string("[") + op + "] cannot reduce over dimension " + std::to_string(d) +
+                     " of size 0 (input " + describe(x) + "); expected a non-empty dimension");
+  }
+  Tensor indices = largest ? argmax(x, d, true) : argmin(x, d, true);
+  Tensor values = gather(x, d, indices);
+  if (!keepdim) return {squeeze(values, d), squeeze(indices, d)};
+  return {values, indices};
+}
+
+}  // namespace detail
+
+ValuesIndices sort(const Tensor& x, int64_t dim, bool descending) {
+  check_defined(x, "sort");
+  int d = dim_of(x, dim, "sort");
+  if (d < 0) return {x, full({}, 0, DType::Int64, x.device())};
+  return sorted_prefix(x, d, descending, x.shape()[d], "sort");
+}
+
+ValuesIndices topk(const Tensor& x, int64_t k, int64_t dim, bool largest, bool /*sorted*/) {
+  // Results are always sorted: torch leaves the order unspecified when sorted is false.
+  check_defined(x, "topk");
+  int d = dim_of(x, dim, "topk");
+  int64_t n = d < 0 ? 1 : x.shape()[d];
+  if (k < 0 || k > n) {
+    throw ValueError("[topk] k = " + std::to_string(k) + " is out of range for dimension " +
+                     std::to_string(dim) + " of size " + std::to_string(n) + " (input " +
+                     describe(x) + "); expected 0 <= k <= " + std::to_string(n));
+  }
+  if (d < 0) {
+    if (k == 1) return {x, full({}, 0, DType::Int64, x.device())};
+    return {slice(reshape(x, {1}), 0, 0, 0), zeros({0}, DType::Int64, x.device())};
+  }
+  return sorted_prefix(x, d, largest, k, "topk");
+}
+
+Tensor multinomial(const Tensor& probs, int64_t num_samples, bool replacement, Generator& gen) {
+  check_defined(probs, "multinomial");
+  if (!is_floating(probs.dtype())) {
+    throw DTypeError("[multinomial] expects floating probabilities, got " + describe(probs));
+  }
+  if (probs.ndim() != 1 && probs.ndim() != 2) {
+    throw ShapeError("[multinomial] expects probabilities of rank 1 or 2, got shape " +
+                     shape_str(probs.shape()));
+  }
+  int64_t n = probs.shape().back();
+  if (n == 0)
+    throw ValueError("[multinomial] the distribution has no categories (shape " +
+                     shape_str(probs.shape()) + ")");
+  if (num_samples <= 0) {
+    throw ValueError("[multinomial] expected num_samples >= 1, got " + std::to_string(num_samples));
+  }
+  if (!replacement && num_samples > n) {
+    throw ValueError("[multinomial] cannot draw " + std::to_string(num_samples) +
+                     " samples without replacement from " + std::to_string(n) +
+                     " categories (shape " + shape_str(probs.shape()) + ")");
+  }
+  NoGradGuard no_grad;
+  Tensor p = cast(probs.ndim() == 1 ? unsqueeze(probs, 0) : probs, DType::Float64).detach();
+  int64_t rows = p.shape()[0];
+  Tensor idx;
+  if (replacement) {
+    // Inverse CDF: the sample is the number of categories whose cumulative weight is <= u *
+    // total, so a zero-weight category (equal cumulative weight) is never chosen.
+    Tensor cdf = cumsum(p, 1);
+    Tensor total = slice(cdf, 1, n - 1, n);
+    Tensor target = mul(rand({rows, num_samples}, DType::Float64, gen, p.device()), total);
+    idx = sum(le(unsqueeze(cdf, 1), unsqueeze(target, 2)), {2});
+    idx = minimum(idx, n - 1);
+  } else {
+    // Exponential race: w / E with E ~ Exp(1) per category; the k largest are a draw without
+    // replacement with probabilities proportional to w.
+    Tensor e = neg(log(rand({rows, n}, DType::Float64, gen, p.device())));
+    idx = topk(div(p, e), num_samples, 1, true).indices;
+  }
+  return probs.ndim() == 1 ? squeeze(idx, 0) : idx;
+}
+
+}  // namespace kiln
