@@ -18,6 +18,7 @@
 #include "frontend/lr_scheduler.h"
 #include "frontend/optim.h"
 #include "frontend/serialize.h"
+#include "optim_support.h"
 #include "test_files.h"
 
 using namespace kiln;
@@ -25,37 +26,8 @@ namespace optim = kiln::optim;
 
 namespace {
 
-void require_close(const std::vector<double>& actual, const std::vector<double>& expected,
-                   double tol) {
-  REQUIRE(actual.size() == expected.size());
-  for (size_t i = 0; i < actual.size(); ++i) {
-    INFO("element " << i << ": " << actual[i] << " vs " << expected[i]);
-    REQUIRE(std::fabs(actual[i] - expected[i]) <= tol * (1 + std::fabs(expected[i])));
-  }
-}
-
-// A quadratic bowl sum(w * (p - t)^2): its gradient depends on p, so an update rule that is
-// wrong in any step shows in the later ones.
-struct Bowl {
-  Tensor p, t, w;
-  std::vector<double> t_host, w_host;
-
-  Bowl(const Shape& shape, uint64_t seed, DType dtype = DType::Float32) {
-    Generator gen(seed);
-    p = randn(shape, dtype, gen).eval();
-    t = randn(shape, dtype, gen).eval();
-    w = (rand(shape, dtype, gen) + 0.5).eval();
-    p.requires_grad_();
-    t_host = t.to_vector<double>();
-    w_host = w.to_vector<double>();
-  }
-  Tensor loss() const { return sum(w * square(p - t)); }
-  std::vector<double> grad_at(const std::vector<double>& x) const {
-    std::vector<double> g(x.size());
-    for (size_t i = 0; i < x.size(); ++i) g[i] = 2 * w_host[i] * (x[i] - t_host[i]);
-    return g;
-  }
-};
+using optim_test::Bowl;
+using optim_test::require_close;
 
 void train(optim::Optimizer& opt, const std::vector<const Bowl*>& bowls, int steps) {
   for (int s = 0; s < steps; ++s) {
