@@ -114,7 +114,7 @@ TEST_CASE("Tensor methods give what the free functions give", "[tensor_api]") {
   CHECK(x.contiguous().node() == x.node());
 }
 
-TEST_CASE("to(DType) and to(Device, DType) cast lazily; to(Device) still moves", "[tensor_api]") {
+TEST_CASE("to(DType) and to(Device, DType) cast lazily, and to(Device) still moves", "[tensor_api]") {
   Tensor x = f64({1.5, -2.5, 3.75}, {3});
   Tensor f = x.to(DType::Float32);
   CHECK(f.dtype() == DType::Float32);
@@ -152,7 +152,7 @@ TEST_CASE("shapes, dtypes and devices print", "[tensor_api]") {
   CHECK(outside_kiln::print(x) == "float32 cpu [2, 3]");
 }
 
-TEST_CASE("t[i] and index() follow Python's indexing rules", "[tensor_api]") {
+TEST_CASE("indexing by an integer and index() follow Python's indexing rules", "[tensor_api]") {
   Tensor t = ramp({2, 3, 4});
   CHECK(t[1].shape() == Shape{3, 4});
   CHECK(vals(t[1]) == vals(ramp({12}) + 12.0));
@@ -278,7 +278,7 @@ TEST_CASE("index_put_ assigns through every copy of the handle", "[tensor_api]")
   check_error<IndexError>([&] { x.index_put_({3}, 1.0); }, {"index 3", "size 3"});
 }
 
-TEST_CASE("index_put_ keeps the gradient history of a computed value; leaves need no_grad",
+TEST_CASE("index_put_ keeps the gradient history of a computed value, and leaves need no_grad",
           "[tensor_api]") {
   Tensor w = ramp({2, 3}) + 1.0;
   w.requires_grad_();
