@@ -12,7 +12,6 @@ namespace F = kiln::nn::F;
 
 namespace {
 
-using Matrix = std::vector<double>;
 
 struct Conv1dArgs {
   int64_t stride, padding, dilation, groups;

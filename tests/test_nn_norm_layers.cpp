@@ -12,7 +12,6 @@ namespace F = kiln::nn::F;
 
 namespace {
 
-using Matrix = std::vector<double>;
 
 Tensor f64(const Matrix& v, const Shape& s) { return make(v, s, DType::Float64); }
 

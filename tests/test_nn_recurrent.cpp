@@ -11,25 +11,8 @@ namespace nn = kiln::nn;
 
 namespace {
 
-using Matrix = std::vector<double>;  // row-major
 
 enum class Kind { RnnTanh, RnnRelu, Gru, Lstm };
-
-// out[r, o] = sum_k x[r, k] w[o, k] + b[o] for x [rows, in], w [out, in].
-Matrix affine(const Matrix& x, int64_t rows, int64_t in, const Matrix& w, const Matrix& b,
-              int64_t out) {
-  Matrix y(static_cast<size_t>(rows * out));
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t o = 0; o < out; ++o) {
-      double acc = b.empty() ? 0.0 : b[static_cast<size_t>(o)];
-      for (int64_t k = 0; k < in; ++k)
-        acc += x[static_cast<size_t>(r * in + k)] * w[static_cast<size_t>(o * in + k)];
-      y[static_cast<size_t>(r * out + o)] = acc;
-    }
-  return y;
-}
-
-double sigmoid(double v) { return 1 / (1 + std::exp(-v)); }
 
 struct Reference {
   Matrix output, h, c;  // output [T, B, D*H_out]; h [L*D, B, H_out]; c [L*D, B, H]
