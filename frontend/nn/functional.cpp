@@ -105,19 +105,33 @@ Tensor dropout(const Tensor& x, double p, bool training, Generator& gen) {
   return where(keep, p == 1.0 ? x : x * (1.0 / (1.0 - p)), 0.0);
 }
 
-Tensor conv2d(const Tensor& input, const Tensor& weight_in, const Tensor& bias_in, Size2 stride,
-              Size2 padding, Size2 dilation, int64_t groups) {
-  const char* op = "conv2d";
-  // On autocast's lower-precision list, bias included.
-  const Tensor weight = amp::lower_precision(weight_in), bias = amp::lower_precision(bias_in);
-  Tensor x = batched_image(amp::lower_precision(input), op);
-  require_defined(weight, op, "weight");
-  require_floating(x, op, "input");
-  require_same_dtype(x, weight, op, "weight");
+// What conv2d and conv_transpose2d check and cast alike: autocast's lower precision (bias
+// included), the input batched to [N, C, H, W], the weight's dtype, the window's sizes.
+struct ConvOperands {
+  Tensor x, weight, bias;
+};
+ConvOperands conv_operands(const char* op, const Tensor& input, const Tensor& weight_in,
+                           const Tensor& bias_in, Size2 stride, Size2 padding, Size2 dilation,
+                           int64_t groups) {
+  ConvOperands c{batched_image(amp::lower_precision(input), op), amp::lower_precision(weight_in),
+                 amp::lower_precision(bias_in)};
+  require_defined(c.weight, op, "weight");
+  require_floating(c.x, op, "input");
+  require_same_dtype(c.x, c.weight, op, "weight");
   check_positive(op, "stride", stride);
   check_positive(op, "dilation", dilation);
   check_non_negative(op, "padding", padding);
-  if (groups < 1) throw ValueError("[conv2d] groups must be >= 1, got " + std::to_string(groups));
+  if (groups < 1)
+    throw ValueError("[" + std::string(op) + "] groups must be >= 1, got " +
+                     std::to_string(groups));
+  return c;
+}
+
+Tensor conv2d(const Tensor& input, const Tensor& weight_in, const Tensor& bias_in, Size2 stride,
+              Size2 padding, Size2 dilation, int64_t groups) {
+  const char* op = "conv2d";
+  auto [x, weight, bias] =
+      conv_operands(op, input, weight_in, bias_in, stride, padding, dilation, groups);
   if (weight.ndim() != 4) {
     throw ShapeError(
         "[conv2d] expected a 4-D weight [out_channels, in_channels/groups, kh, kw], got " +
@@ -230,19 +244,9 @@ Tensor conv_transpose2d(const Tensor& input, const Tensor& weight_in, const Tens
                         Size2 stride, Size2 padding, Size2 output_padding, int64_t groups,
                         Size2 dilation) {
   const char* op = "conv_transpose2d";
-  // On autocast's lower-precision list, as conv2d.
-  const Tensor weight = amp::lower_precision(weight_in), bias = amp::lower_precision(bias_in);
-  Tensor x = batched_image(amp::lower_precision(input), op);
-  require_defined(weight, op, "weight");
-  require_floating(x, op, "input");
-  require_same_dtype(x, weight, op, "weight");
-  check_positive(op, "stride", stride);
-  check_positive(op, "dilation", dilation);
-  check_non_negative(op, "padding", padding);
+  auto [x, weight, bias] =
+      conv_operands(op, input, weight_in, bias_in, stride, padding, dilation, groups);
   check_non_negative(op, "output_padding", output_padding);
-  if (groups < 1) {
-    throw ValueError("[conv_transpose2d] groups must be >= 1, got " + std::to_string(groups));
-  }
   if ((output_padding.h >= stride.h && output_padding.h >= dilation.h) ||
       (output_padding.w >= stride.w && output_padding.w >= dilation.w)) {
     throw ValueError("[conv_transpose2d] output_padding " + output_padding.str() +
