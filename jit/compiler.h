@@ -46,6 +46,10 @@ class CpuCompiler {
   /// results for kernels whose float operations do not depend on vectorization; its own
   /// identity, so its objects never share a key with full builds), or nullptr if none.
   virtual CpuCompiler* quick_compiler() { return nullptr; }
+  /// Makes, on the calling thread, what a compile creates once per process on first use
+  /// (LLVM's function-local statics), so that a background compile never creates it; see
+  /// KernelCache::queue_rebuild. Runs once; a no-op for compilers that run as subprocesses.
+  virtual void warm_up() {}
 };
 
 /// The compiler named by KILN_CPU_COMPILER ("llvm" | "external"), default llvm when built

@@ -279,6 +279,30 @@ class LlvmCompiler final : public CpuCompiler {
     return image;
   }
 
+  // A full compile and load of a small kernel with float, double and integer vector loops:
+  // the code generator makes its type tables (SelectionDAG's value types, ...) as
+  // function-local statics on first use, and these die at exit before any exit handler
+  // registered earlier runs, so a background compile must never be the one to make them.
+  void warm_up() override {
+    std::call_once(warmed_, [this] {
+      static const char* const kSource =
+          "extern \"C\" void kiln_warm_up(float* __restrict a, const double* __restrict b,\n"
+          "                              long long* __restrict c, long n) {\n"
+          "  for (long i = 0; i < n; ++i) {\n"
+          "    a[i] = a[i] * 2.0f + (float)b[i];\n"
+          "    c[i] = c[i] * 3 + (long long)(a[i] > 0.0f);\n"
+          "  }\n"
+          "}\n";
+      try {
+        std::unique_ptr<LoadedModule> module = load(compile(kSource, "kiln_warm_up.cpp"));
+        module->symbol("kiln_warm_up");
+      } catch (const std::exception&) {
+        // A compiler that cannot build this cannot build kernels either; that error is
+        // reported by the compile that needs it.
+      }
+    });
+  }
+
   std::unique_ptr<LoadedModule> load(const std::vector<uint8_t>& image) override {
     if (image.empty()) throw CompileError("[jit] cannot load an empty kernel image");
     ProcessJit& jit = process_jit();
@@ -300,6 +324,7 @@ class LlvmCompiler final : public CpuCompiler {
   std::vector<std::string> flags_;
   std::unique_ptr<LlvmCompiler> quick_;
   std::string identity_;
+  std::once_flag warmed_;
 };
 
 }  // namespace

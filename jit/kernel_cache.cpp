@@ -638,6 +638,22 @@ bool KernelCache::tiers() const {
 // count_use() saw `record` reach kRebuildAfterLaunches launches: a quick build of this
 // cache is queued for its full build.
 void KernelCache::queue_rebuild(const KernelRecord* record) {
+  CpuCompiler* full = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(rebuild_mutex_);
+    auto it = quick_entries_.find(record);
+    if (it == quick_entries_.end() || rebuild_stop_) return;
+    if (!rebuild_thread_.joinable()) full = it->second->full_compiler;
+  }
+  if (full) {
+    // Before the first background compile: the statics a full compile makes on first use
+    // are made here, on a thread that is not racing exit, and the exit hook is registered
+    // after them. Made by the background compile instead, they could die under it when the
+    // process exits meanwhile (a segfault at exit, seen when every kernel came from disk
+    // and the first -O3 compile of the process was a rebuild).
+    full->warm_up();
+    hook_exit();
+  }
   std::lock_guard<std::mutex> lock(rebuild_mutex_);
   auto it = quick_entries_.find(record);
   if (it == quick_entries_.end() || rebuild_stop_) return;
@@ -667,7 +683,9 @@ void KernelCache::rebuild_loop() {
 // the first compile that needs them and destroyed at exit in reverse order of making: a
 // rebuild still compiling then would use destroyed tables. The global cache's exit handler
 // that stops rebuilds is therefore registered again after each compile and before each
-// rebuild, so it runs before the destructors of every static a compile has made so far.
+// rebuild, so it runs before the destructors of every static a compile has made so far;
+// the compiler's warm_up() before the first rebuild (queue_rebuild) leaves a background
+// compile no static of its own to make.
 void KernelCache::hook_exit() {
   if (!exit_hooks_ || !tiers()) return;
   std::atexit([] { kernel_cache().stop_rebuilds(); });

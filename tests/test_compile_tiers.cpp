@@ -2,10 +2,15 @@
 // from a quick build and is swapped for its full build in the background (KILN_JIT_TIERS).
 // Cache tests use their own directories and caches; the executor test uses the process's.
 #include <catch2/catch.hpp>
+#include <chrono>
 #include <cstdint>
 #include <cstring>
 #include <random>
+#include <cstdlib>
+#include <filesystem>
+#include <functional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "jit/compiler.h"
@@ -33,7 +38,17 @@ class TieredCompiler final : public CpuCompiler {
     return base_.load(image);
   }
   CpuCompiler* quick_compiler() override { return &quick_; }
+  void warm_up() override {
+    // Where and when: on the launching thread, before any background compile.
+    warmed_on = std::this_thread::get_id();
+    compiles_before_warm_up = compiles.load();
+    warm_ups++;
+    base_.warm_up();
+  }
   std::atomic<int> compiles{0};
+  std::atomic<int> warm_ups{0};
+  int compiles_before_warm_up = -1;
+  std::thread::id warmed_on;
   CountingCompiler quick_;  // counts the quick builds
 
  private:
@@ -246,4 +261,67 @@ TEST_CASE("executor: a tiered kernel's values do not change when its full build 
   CHECK(same_bits(first, graph().to_vector<float>()));
   // Exact against the reference evaluator is not expected (its exp/tanh are libm's); the
   // kernel must agree with itself across builds, which is checked above.
+}
+
+TEST_CASE("the full compiler is warmed up on the launching thread before its first rebuild",
+          "[cache][tiers]") {
+  if (!have_llvm()) return;
+  TempDir tmp;
+  auto llvm = make_cpu_compiler("llvm");
+  TieredCompiler compiler(*llvm);
+  KernelCache cache(tmp.cache(), 0);
+  cache.set_tiers(true);
+  launch_until_rebuild(cache.get(map_request(20), compiler));
+  // Synchronous: done when the third launch returns, before the rebuild thread compiled.
+  CHECK(compiler.warm_ups == 1);
+  CHECK(compiler.warmed_on == std::this_thread::get_id());
+  CHECK(compiler.compiles_before_warm_up == 0);
+  launch_until_rebuild(cache.get(map_request(21), compiler));
+  cache.wait_for_rebuilds();
+  CHECK(compiler.warm_ups == 1);  // once per thread start, not per rebuild
+  CHECK(compiler.compiles == 2);
+}
+
+// Body of the child process of the next test; does nothing unless run by it: six graphs
+// no other case builds, each evaluated three times, so that each quick build's rebuild is
+// queued at its third launch, and the process exits at once. The exit lets the rebuild in
+// flight finish and drops the queued ones, so a second run in the same cache directory
+// loads most quick builds from disk, compiles nothing itself, and exits while the first
+// -O3 compile of its process runs on the rebuild thread.
+TEST_CASE("tiers exit child: exit while rebuilds compile", "[.][tiers_exit_child]") {
+  if (!std::getenv("TIERS_EXIT_CHILD")) return;
+  const Tensor x = from_vector(random_floats(1000, 3), {1000});
+  const std::vector<std::function<Tensor()>> graphs = {
+      [&] { return ((x * 0.37f + 1.5f) * x - 2.0f) * x; },
+      [&] { return (x + 0.5f) * (x - 0.25f) * 3.0f; },
+      [&] { return abs(x) * 0.75f + x * x; },
+      [&] { return maximum(x, x * 0.5f) * 1.25f - x; },
+      [&] { return (x * x - x) * (x + 2.0f); },
+      [&] { return -x * 0.125f + abs(x - 1.0f); }};
+  for (const auto& graph : graphs)
+    for (uint64_t i = 0; i < KernelCache::kRebuildAfterLaunches; ++i) graph().eval();
+  // The parent sweeps this delay so that some exit falls in the rebuild's code generation.
+  if (const char* delay = std::getenv("TIERS_EXIT_CHILD_DELAY_MS"))
+    std::this_thread::sleep_for(std::chrono::milliseconds(std::atoi(delay)));
+}
+
+TEST_CASE("a process that exits while its first background rebuild compiles exits cleanly",
+          "[cache][tiers]") {
+  if (!have_llvm() || cpu_compiler().name() != "llvm") return;
+  // When every kernel of a process came from disk, its first -O3 compile used to run on the
+  // rebuild thread; the code generator's statics it made then died at exit under it (a
+  // segfault at exit in about one second run in six). Each pair of runs shares a fresh cache.
+  const std::string self = std::filesystem::read_symlink("/proc/self/exe").string();
+  TempDir tmp;
+  for (int pair = 0; pair < 16; ++pair) {
+    const std::string dir = tmp.root() + "/pair" + std::to_string(pair);
+    for (int run = 0; run < 2; ++run) {
+      const std::string command = "KILN_JIT_TIERS=1 KILN_CACHE_DIR='" + dir +
+                                  "' TIERS_EXIT_CHILD=1 TIERS_EXIT_CHILD_DELAY_MS=" +
+                                  std::to_string(run * pair * 4) + " '" + self +
+                                  "' '[tiers_exit_child]' >/dev/null 2>&1";
+      INFO("run " << run << " of pair " << pair << ": " << command);
+      REQUIRE(std::system(command.c_str()) == 0);
+    }
+  }
 }
