@@ -1252,6 +1252,17 @@ inline const std::vector<GradCase>& grad_cases() {
                  [](const V& x) { return F::conv1d(x[0], x[1], x[2], 2, 1, 2); }});
     c.push_back({"conv1d/groups unbatched", "conv1d", {in({4, 5}), in({2, 2, 3})},
                  [](const V& x) { return F::conv1d(x[0], x[1], Tensor(), 1, 0, 1, 2); }});
+    c.push_back({"conv2d/same with an even kernel",
+                 "conv2d",
+                 {in({1, 2, 4, 5}), in({2, 2, 2, 3}), in({2})},
+                 [](const V& x) { return F::conv2d(x[0], x[1], x[2], 1, "same", {2, 1}); }});
+    c.push_back({"conv1d/same", "conv1d", {in({2, 2, 6}), in({3, 2, 4})},
+                 [](const V& x) { return F::conv1d(x[0], x[1], Tensor(), 1, "same"); }});
+    c.push_back({"pad/reflect replicate circular", "pad", {in({2, 3, 4})}, [](const V& x) {
+                   const Tensor r = F::pad(x[0], {{0, 0}, {2, 1}, {1, 3}}, nn::PaddingMode::Reflect);
+                   const Tensor e = F::pad(r, {{1, 0}, {0, 0}, {2, 2}}, nn::PaddingMode::Replicate);
+                   return F::pad(e, {{0, 0}, {3, 1}, {0, 1}}, nn::PaddingMode::Circular);
+                 }});
     c.push_back({"conv_transpose2d/stride padding output_padding bias",
                  "conv_transpose2d",
                  {in({1, 2, 3, 3}), in({2, 3, 2, 2}), in({3})},

@@ -50,10 +50,39 @@ void require_in_channels(const Tensor& x, const std::string& layer, int64_t want
   }
 }
 
+const char* mode_name(PaddingMode mode) {
+  switch (mode) {
+    case PaddingMode::Zeros:
+      return "zeros";
+    case PaddingMode::Reflect:
+      return "reflect";
+    case PaddingMode::Replicate:
+      return "replicate";
+    case PaddingMode::Circular:
+      return "circular";
+  }
+  return "?";
+}
+
+// PyTorch's rule: "same" pads as the output keeps the input's size, which a stride would
+// break.
+void require_same_at_stride_one(const ConvPadding& p, bool unit_stride, const std::string& layer) {
+  if (p.same && !unit_stride)
+    throw ValueError("[" + layer + "] padding 'same' needs stride 1 (as in PyTorch)");
+}
+
+// ", padding=..., padding_mode=..." for extra_repr where they are not the defaults.
+std::string padding_repr(const ConvPadding& p, PaddingMode mode) {
+  std::string s;
+  if (p != ConvPadding(0)) s += ", padding=" + p.str();
+  if (mode != PaddingMode::Zeros) s += std::string(", padding_mode='") + mode_name(mode) + "'";
+  return s;
+}
+
 }  // namespace
 
-Conv2d::Conv2d(int64_t in, int64_t out, Size2 k, Size2 s, Size2 p, Size2 d, int64_t g,
-               bool with_bias)
+Conv2d::Conv2d(int64_t in, int64_t out, Size2 k, Size2 s, ConvPadding p, Size2 d, int64_t g,
+               bool with_bias, PaddingMode mode)
     : UnaryModule("Conv2d"),
       in_channels(in),
       out_channels(out),
@@ -61,12 +90,14 @@ Conv2d::Conv2d(int64_t in, int64_t out, Size2 k, Size2 s, Size2 p, Size2 d, int6
       stride(s),
       padding(p),
       dilation(d),
-      groups(g) {
+      groups(g),
+      padding_mode(mode) {
   require_channels(name(), in, out, g);
   require_size(k, name(), "kernel_size", 1);
   require_size(s, name(), "stride", 1);
   require_size(d, name(), "dilation", 1);
-  require_size(p, name(), "padding", 0);
+  require_size(p.size, name(), "padding", 0);
+  require_same_at_stride_one(p, s == Size2(1), name());
   const int64_t fan_in = in / g * k.h * k.w;
   double bound = 1.0 / std::sqrt(static_cast<double>(fan_in));
   weight = register_parameter("weight", init::uniform({out, in / g, k.h, k.w}, -bound, bound));
@@ -78,26 +109,34 @@ Tensor Conv2d::forward(const Tensor& x) {
   detail::require_layer_input(x, name(), weight.dtype());
   require_in_channels(x, name(), in_channels, 3);
   const int64_t h = x.size(-2), w = x.size(-1);
-  if (h + 2 * padding.h < dilation.h * (kernel_size.h - 1) + 1 ||
-      w + 2 * padding.w < dilation.w * (kernel_size.w - 1) + 1) {
+  const auto [top, bottom] = padding.along(padding.size.h, kernel_size.h, dilation.h);
+  const auto [left, right] = padding.along(padding.size.w, kernel_size.w, dilation.w);
+  if (h + top + bottom < dilation.h * (kernel_size.h - 1) + 1 ||
+      w + left + right < dilation.w * (kernel_size.w - 1) + 1) {
     throw ShapeError("[Conv2d] input " + describe(x) + " with padding " + padding.str() +
                      " is smaller than the (dilated) kernel " + kernel_size.str());
   }
-  return F::conv2d(x, weight, bias, stride, padding, dilation, groups);
+  if (padding_mode == PaddingMode::Zeros)
+    return F::conv2d(x, weight, bias, stride, padding, dilation, groups);
+  // Other modes pad the input first, then convolve without padding, as PyTorch does.
+  std::vector<std::pair<int64_t, int64_t>> pads(static_cast<size_t>(x.ndim()), {0, 0});
+  pads[pads.size() - 2] = {top, bottom};
+  pads[pads.size() - 1] = {left, right};
+  return F::conv2d(F::pad(x, pads, padding_mode), weight, bias, stride, 0, dilation, groups);
 }
 
 std::string Conv2d::extra_repr() const {
   std::string s = std::to_string(in_channels) + ", " + std::to_string(out_channels) +
                   ", kernel_size=" + kernel_size.str() + ", stride=" + stride.str();
-  if (padding != Size2(0)) s += ", padding=" + padding.str();
+  s += padding_repr(padding, padding_mode);
   if (dilation != Size2(1)) s += ", dilation=" + dilation.str();
   if (groups != 1) s += ", groups=" + std::to_string(groups);
   if (!bias.defined()) s += ", bias=false";
   return s;
 }
 
-Conv1d::Conv1d(int64_t in, int64_t out, int64_t k, int64_t s, int64_t p, int64_t d, int64_t g,
-               bool with_bias)
+Conv1d::Conv1d(int64_t in, int64_t out, int64_t k, int64_t s, ConvPadding p, int64_t d, int64_t g,
+               bool with_bias, PaddingMode mode)
     : UnaryModule("Conv1d"),
       in_channels(in),
       out_channels(out),
@@ -105,12 +144,15 @@ Conv1d::Conv1d(int64_t in, int64_t out, int64_t k, int64_t s, int64_t p, int64_t
       stride(s),
       padding(p),
       dilation(d),
-      groups(g) {
+      groups(g),
+      padding_mode(mode) {
   require_channels(name(), in, out, g);
   require_positive(k, name(), "kernel_size");
   require_positive(s, name(), "stride");
   require_positive(d, name(), "dilation");
-  if (p < 0) throw ValueError("[Conv1d] padding must be >= 0, got " + std::to_string(p));
+  if (p.size.h != p.size.w) throw ValueError("[Conv1d] expected one padding size, got " + p.str());
+  if (p.size.w < 0) throw ValueError("[Conv1d] padding must be >= 0, got " + p.str());
+  require_same_at_stride_one(p, s == 1, name());
   const double bound = 1.0 / std::sqrt(static_cast<double>(in / g * k));
   weight = register_parameter("weight", init::uniform({out, in / g, k}, -bound, bound));
   if (with_bias) bias = register_parameter("bias", init::uniform({out}, -bound, bound));
@@ -123,18 +165,23 @@ Tensor Conv1d::forward(const Tensor& x) {
   }
   detail::require_layer_input(x, name(), weight.dtype());
   require_in_channels(x, name(), in_channels, 2);
-  if (x.size(-1) + 2 * padding < dilation * (kernel_size - 1) + 1) {
-    throw ShapeError("[Conv1d] input " + describe(x) + " with padding " + std::to_string(padding) +
+  const auto [left, right] = padding.along(padding.size.w, kernel_size, dilation);
+  if (x.size(-1) + left + right < dilation * (kernel_size - 1) + 1) {
+    throw ShapeError("[Conv1d] input " + describe(x) + " with padding " + padding.str() +
                      " is smaller than the (dilated) kernel " + std::to_string(kernel_size));
   }
-  return F::conv1d(x, weight, bias, stride, padding, dilation, groups);
+  if (padding_mode == PaddingMode::Zeros)
+    return F::conv1d(x, weight, bias, stride, padding, dilation, groups);
+  std::vector<std::pair<int64_t, int64_t>> pads(static_cast<size_t>(x.ndim()), {0, 0});
+  pads.back() = {left, right};
+  return F::conv1d(F::pad(x, pads, padding_mode), weight, bias, stride, 0, dilation, groups);
 }
 
 std::string Conv1d::extra_repr() const {
   std::string s = std::to_string(in_channels) + ", " + std::to_string(out_channels) +
                   ", kernel_size=" + std::to_string(kernel_size) +
                   ", stride=" + std::to_string(stride);
-  if (padding != 0) s += ", padding=" + std::to_string(padding);
+  s += padding_repr(padding, padding_mode);
   if (dilation != 1) s += ", dilation=" + std::to_string(dilation);
   if (groups != 1) s += ", groups=" + std::to_string(groups);
   if (!bias.defined()) s += ", bias=false";
@@ -174,6 +221,25 @@ Tensor ConvTranspose2d::forward(const Tensor& x) {
   detail::require_layer_input(x, name(), weight.dtype());
   require_in_channels(x, name(), in_channels, 3);
   return F::conv_transpose2d(x, weight, bias, stride, padding, output_padding, groups, dilation);
+}
+
+Tensor ConvTranspose2d::forward(const Tensor& x, Size2 output_size) {
+  require_image(x, name());
+  detail::require_layer_input(x, name(), weight.dtype());
+  require_in_channels(x, name(), in_channels, 3);
+  // PyTorch's _output_padding: the smallest size the formula gives, plus up to stride - 1.
+  auto extra = [&](int64_t in, int64_t want, int64_t s, int64_t p, int64_t d, int64_t k) {
+    const int64_t least = (in - 1) * s - 2 * p + d * (k - 1) + 1;
+    if (want < least || want > least + s - 1) {
+      throw ShapeError("[ConvTranspose2d] output_size " + output_size.str() + " for input " +
+                       describe(x) + ": each size must lie in [" + std::to_string(least) + ", " +
+                       std::to_string(least + s - 1) + "] here, got " + std::to_string(want));
+    }
+    return want - least;
+  };
+  const Size2 op(extra(x.size(-2), output_size.h, stride.h, padding.h, dilation.h, kernel_size.h),
+                 extra(x.size(-1), output_size.w, stride.w, padding.w, dilation.w, kernel_size.w));
+  return F::conv_transpose2d(x, weight, bias, stride, padding, op, groups, dilation);
 }
 
 std::string ConvTranspose2d::extra_repr() const {

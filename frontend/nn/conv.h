@@ -9,34 +9,43 @@
 
 namespace kiln::nn {
 
-/// 2-D convolution (cross-correlation) with zero padding. weight [out, in/groups, kh, kw]
-/// and bias [out] start as U(-1/sqrt(fan_in), 1/sqrt(fan_in)), fan_in = in/groups*kh*kw.
+/// 2-D convolution (cross-correlation). weight [out, in/groups, kh, kw] and bias [out]
+/// start as U(-1/sqrt(fan_in), 1/sqrt(fan_in)), fan_in = in/groups*kh*kw. `padding` takes
+/// sizes, "same" or "valid"; `padding_mode` says what the padding holds (PyTorch's order).
 class Conv2d : public UnaryModule {
  public:
   Conv2d(int64_t in_channels, int64_t out_channels, Size2 kernel_size, Size2 stride = 1,
-         Size2 padding = 0, Size2 dilation = 1, int64_t groups = 1, bool bias = true);
+         ConvPadding padding = 0, Size2 dilation = 1, int64_t groups = 1, bool bias = true,
+         PaddingMode padding_mode = PaddingMode::Zeros);
   /// x [N, in_channels, H, W] (or [in_channels, H, W]) -> [N, out_channels, H', W'].
   Tensor forward(const Tensor& x) override;
   std::string extra_repr() const override;
 
   const int64_t in_channels, out_channels;
-  const Size2 kernel_size, stride, padding, dilation;
+  const Size2 kernel_size, stride;
+  const ConvPadding padding;
+  const Size2 dilation;
   const int64_t groups;
+  const PaddingMode padding_mode;
   Tensor weight, bias;
 };
 
-/// 1-D convolution (cross-correlation) with zero padding over [N, C, L] sequences. weight
-/// [out, in/groups, k] and bias [out] start as U(-1/sqrt(fan_in), 1/sqrt(fan_in)),
-/// fan_in = in/groups*k.
+/// 1-D convolution (cross-correlation) over [N, C, L] sequences. weight [out, in/groups, k]
+/// and bias [out] start as U(-1/sqrt(fan_in), 1/sqrt(fan_in)), fan_in = in/groups*k.
+/// `padding` takes one size, "same" or "valid"; `padding_mode` as Conv2d's.
 class Conv1d : public UnaryModule {
  public:
   Conv1d(int64_t in_channels, int64_t out_channels, int64_t kernel_size, int64_t stride = 1,
-         int64_t padding = 0, int64_t dilation = 1, int64_t groups = 1, bool bias = true);
+         ConvPadding padding = 0, int64_t dilation = 1, int64_t groups = 1, bool bias = true,
+         PaddingMode padding_mode = PaddingMode::Zeros);
   /// x [N, in_channels, L] (or [in_channels, L]) -> [N, out_channels, L'].
   Tensor forward(const Tensor& x) override;
   std::string extra_repr() const override;
 
-  const int64_t in_channels, out_channels, kernel_size, stride, padding, dilation, groups;
+  const int64_t in_channels, out_channels, kernel_size, stride;
+  const ConvPadding padding;
+  const int64_t dilation, groups;
+  const PaddingMode padding_mode;
   Tensor weight, bias;
 };
 
@@ -51,6 +60,10 @@ class ConvTranspose2d : public UnaryModule {
   /// x [N, in_channels, H, W] (or [in_channels, H, W]) -> [N, out_channels, H', W'] with
   /// H' = (H - 1) stride - 2 padding + dilation (kh - 1) + output_padding + 1.
   Tensor forward(const Tensor& x) override;
+  /// The same with the output's spatial size chosen (PyTorch's output_size): H' may be any
+  /// size from the formula's with output_padding 0 up to stride - 1 more; it replaces
+  /// output_padding. Throws ShapeError naming the allowed range otherwise.
+  Tensor forward(const Tensor& x, Size2 output_size);
   std::string extra_repr() const override;
 
   const int64_t in_channels, out_channels;

@@ -4,6 +4,7 @@
 // CPU backend turns into vectorised inner loops.
 #include "functional.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -17,6 +18,24 @@ namespace kiln::nn {
 
 std::string Size2::str() const {
   return h == w ? std::to_string(h) : "(" + std::to_string(h) + ", " + std::to_string(w) + ")";
+}
+
+ConvPadding::ConvPadding(const char* how) {
+  const std::string s = how ? how : "";
+  if (s == "same") {
+    same = true;
+  } else if (s != "valid") {
+    throw ValueError("[conv] padding must be sizes, \"same\" or \"valid\", got \"" + s + "\"");
+  }
+}
+
+std::string ConvPadding::str() const { return same ? "'same'" : size.str(); }
+
+std::pair<int64_t, int64_t> ConvPadding::along(int64_t explicit_pad, int64_t k,
+                                               int64_t dilation) const {
+  if (!same) return {explicit_pad, explicit_pad};
+  const int64_t total = dilation * (k - 1);
+  return {total / 2, total - total / 2};
 }
 
 namespace functional {
@@ -128,10 +147,14 @@ ConvOperands conv_operands(const char* op, const Tensor& input, const Tensor& we
 }
 
 Tensor conv2d(const Tensor& input, const Tensor& weight_in, const Tensor& bias_in, Size2 stride,
-              Size2 padding, Size2 dilation, int64_t groups) {
+              ConvPadding padding, Size2 dilation, int64_t groups) {
   const char* op = "conv2d";
   auto [x, weight, bias] =
-      conv_operands(op, input, weight_in, bias_in, stride, padding, dilation, groups);
+      conv_operands(op, input, weight_in, bias_in, stride, padding.size, dilation, groups);
+  if (padding.same && stride != Size2(1)) {
+    throw ValueError("[conv2d] padding 'same' needs stride 1 (as in PyTorch), got stride " +
+                     stride.str());
+  }
   if (weight.ndim() != 4) {
     throw ShapeError(
         "[conv2d] expected a 4-D weight [out_channels, in_channels/groups, kh, kw], got " +
@@ -155,8 +178,14 @@ Tensor conv2d(const Tensor& input, const Tensor& weight_in, const Tensor& bias_i
                        describe(bias));
     }
   }
-  const int64_t oh = window_count(op, h, kh, stride.h, padding.h, dilation.h, false);
-  const int64_t ow = window_count(op, w, kw, stride.w, padding.w, dilation.w, false);
+  // "same" pads (total / 2) before and the rest after: the windows start total / 2 early
+  // and there are as many as input positions; the gather reads zeros past either edge.
+  const Size2 before(padding.along(padding.size.h, kh, dilation.h).first,
+                     padding.along(padding.size.w, kw, dilation.w).first);
+  const int64_t oh =
+      padding.same ? h : window_count(op, h, kh, stride.h, padding.size.h, dilation.h, false);
+  const int64_t ow =
+      padding.same ? w : window_count(op, w, kw, stride.w, padding.size.w, dilation.w, false);
   const int64_t og = o / groups;
   // im2col: the patches as [G, N, OH, OW, C/G, kh, kw], whose map is affine (no division
   // by a run-time size per element: the flat [M, K] map needed four, and its gather ran at
@@ -174,8 +203,8 @@ Tensor conv2d(const Tensor& input, const Tensor& weight_in, const Tensor& bias_i
   Tensor patches =
       detail::stored(reindex(x, {groups, n, oh, ow, cg, kh, kw},
                              {var(1), var(0) * cst(cg) + var(4),
-                              var(2) * cst(stride.h) - cst(padding.h) + var(5) * cst(dilation.h),
-                              var(3) * cst(stride.w) - cst(padding.w) + var(6) * cst(dilation.w)},
+                              var(2) * cst(stride.h) - cst(before.h) + var(5) * cst(dilation.h),
+                              var(3) * cst(stride.w) - cst(before.w) + var(6) * cst(dilation.w)},
                              0, {}, false, op));
   const Shape domain{groups, n, oh, ow, og, cg, kh, kw};
   Tensor pa = reindex(cast(patches, compute), domain,
@@ -191,8 +220,12 @@ Tensor conv2d(const Tensor& input, const Tensor& weight_in, const Tensor& bias_i
 }
 
 Tensor conv1d(const Tensor& input_in, const Tensor& weight_in, const Tensor& bias_in,
-              int64_t stride, int64_t padding, int64_t dilation, int64_t groups) {
+              int64_t stride, ConvPadding padding_in, int64_t dilation, int64_t groups) {
   const char* op = "conv1d";
+  if (padding_in.size.h != padding_in.size.w) {
+    throw ValueError("[conv1d] expected one padding size, got " + padding_in.str());
+  }
+  const int64_t padding = padding_in.size.w;
   // Autocast's casts first (conv2d's again are no-ops), so the checks see what conv2d will.
   const Tensor input = amp::lower_precision(input_in), weight = amp::lower_precision(weight_in),
                bias = amp::lower_precision(bias_in);
@@ -212,6 +245,10 @@ Tensor conv1d(const Tensor& input_in, const Tensor& weight_in, const Tensor& bia
   check_positive(op, "dilation", dilation);
   check_non_negative(op, "padding", padding);
   if (groups < 1) throw ValueError("[conv1d] groups must be >= 1, got " + std::to_string(groups));
+  if (padding_in.same && stride != 1) {
+    throw ValueError("[conv1d] padding 'same' needs stride 1 (as in PyTorch), got stride " +
+                     std::to_string(stride));
+  }
   if (weight.size(1) * groups != input.size(-2)) {
     throw ShapeError("[conv1d] expected input with " + std::to_string(weight.size(1) * groups) +
                      " channels (weight " + describe(weight) + ", groups " +
@@ -229,15 +266,67 @@ Tensor conv1d(const Tensor& input_in, const Tensor& weight_in, const Tensor& bia
     }
   }
   const int64_t span = input.size(-1) + 2 * padding - dilation * (weight.size(2) - 1) - 1;
-  if (span < 0) {
+  if (!padding_in.same && span < 0) {
     throw ShapeError("[conv1d] input " + describe(input) + " with padding " +
                      std::to_string(padding) + " is smaller than the kernel " +
                      std::to_string(weight.size(2)) + " dilated by " + std::to_string(dilation));
   }
   // A unit height: conv2d's kernels and gradients serve both.
   Tensor y = conv2d(unsqueeze(input, -2), unsqueeze(weight, 2), bias, Size2(1, stride),
-                    Size2(0, padding), Size2(1, dilation), groups);
+                    padding_in.same ? ConvPadding("same") : ConvPadding(0, padding),
+                    Size2(1, dilation), groups);
   return squeeze(y, -2);
+}
+
+Tensor pad(const Tensor& x, const std::vector<std::pair<int64_t, int64_t>>& pads,
+           PaddingMode mode) {
+  const char* op = "pad";
+  require_defined(x, op, "input");
+  if (static_cast<int64_t>(pads.size()) != x.ndim()) {
+    throw ShapeError("[pad] expected one (before, after) pair per axis of " + describe(x) +
+                     ", got " + std::to_string(pads.size()));
+  }
+  if (mode == PaddingMode::Zeros) return kiln::pad(x, pads, 0);
+  const char* name = mode == PaddingMode::Reflect     ? "reflect"
+                     : mode == PaddingMode::Replicate ? "replicate"
+                                                      : "circular";
+  // One gather per padded axis, its index computed here: reflect mirrors about the edge
+  // element (not repeating it), replicate clamps, circular wraps once.
+  Tensor y = x;
+  for (int64_t d = 0; d < x.ndim(); ++d) {
+    const auto [before, after] = pads[static_cast<size_t>(d)];
+    if (before == 0 && after == 0) continue;
+    const int64_t n = x.size(d);
+    const std::string where = " (" + std::to_string(before) + ", " + std::to_string(after) +
+                              ") on axis " + std::to_string(d) + " of " + describe(x);
+    if (before < 0 || after < 0)
+      throw ValueError(std::string("[pad] ") + name + " padding takes pads >= 0, got" + where);
+    if (mode == PaddingMode::Reflect && (before >= n || after >= n)) {
+      throw ValueError("[pad] reflect padding must be smaller than the axis it pads, got" + where);
+    }
+    if (mode == PaddingMode::Circular && (before > n || after > n)) {
+      throw ValueError("[pad] circular padding must not exceed the axis it pads, got" + where);
+    }
+    if (n == 0)
+      throw ValueError(std::string("[pad] ") + name + " padding needs a non-empty axis, got" +
+                       where);
+    std::vector<int64_t> index(static_cast<size_t>(n + before + after));
+    for (int64_t j = 0; j < static_cast<int64_t>(index.size()); ++j) {
+      int64_t i = j - before;
+      if (mode == PaddingMode::Reflect) {
+        if (i < 0) i = -i;
+        if (i >= n) i = 2 * (n - 1) - i;
+      } else if (mode == PaddingMode::Replicate) {
+        i = std::clamp<int64_t>(i, 0, n - 1);
+      } else {
+        i = ((i % n) + n) % n;
+      }
+      index[static_cast<size_t>(j)] = i;
+    }
+    const int64_t count = static_cast<int64_t>(index.size());
+    y = index_select(y, d, from_vector(index, {count}));
+  }
+  return y;
 }
 
 Tensor conv_transpose2d(const Tensor& input, const Tensor& weight_in, const Tensor& bias_in,

@@ -3,9 +3,11 @@
 // parameters around these. Each one is composed from kiln's meta-ops, so it fuses with its
 // neighbours and differentiates through autograd. Shapes and dtypes are checked when the
 // op is built; messages name the op ("[conv2d] ...").
+#include <concepts>
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "../../core/philox.h"
@@ -25,6 +27,30 @@ struct Size2 {
   friend bool operator==(const Size2&, const Size2&) = default;
   std::string str() const;
 };
+
+/// A convolution's padding: explicit sizes (as Size2), "valid" (none) or "same" (the
+/// output keeps the input's size; stride must be 1; an odd total pads one more after, as
+/// PyTorch does). Any other string throws ValueError.
+struct ConvPadding {
+  template <std::integral T>
+  ConvPadding(T both) : size(static_cast<int64_t>(both)) {}  // NOLINT(google-explicit-constructor)
+  ConvPadding(int64_t height, int64_t width) : size(height, width) {}
+  ConvPadding(Size2 sizes) : size(sizes) {}  // NOLINT(google-explicit-constructor)
+  ConvPadding(const char* how);              // NOLINT(google-explicit-constructor)
+  friend bool operator==(const ConvPadding&, const ConvPadding&) = default;
+  /// "'same'", or the sizes as Size2::str() prints them ("valid" is 0).
+  std::string str() const;
+  /// The (before, after) pads of one axis of the kernel `k` with `dilation`.
+  std::pair<int64_t, int64_t> along(int64_t explicit_pad, int64_t k, int64_t dilation) const;
+
+  Size2 size = 0;  ///< explicit pads, before and after alike (0 for "same" and "valid")
+  bool same = false;
+};
+
+/// What a padded element holds (PyTorch's padding_mode / F.pad mode): zeros; the input
+/// mirrored about its edge element (reflect); the edge element repeated (replicate); the
+/// input wrapped around (circular).
+enum class PaddingMode { Zeros, Reflect, Replicate, Circular };
 
 namespace functional {
 
@@ -55,13 +81,20 @@ Tensor dropout(const Tensor& x, double p = 0.5, bool training = true,
 /// 2-D cross-correlation of x [N, C, H, W] (or unbatched [C, H, W]) with weight
 /// [O, C/groups, kh, kw], plus bias [O]; output [N, O, H', W'] with
 /// H' = (H + 2 pad - dilation (kh - 1) - 1) / stride + 1. Zero padding.
+/// `padding` may be "same" or "valid" (ConvPadding).
 Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor(),
-              Size2 stride = 1, Size2 padding = 0, Size2 dilation = 1, int64_t groups = 1);
+              Size2 stride = 1, ConvPadding padding = 0, Size2 dilation = 1, int64_t groups = 1);
 /// 1-D cross-correlation of x [N, C, L] (or unbatched [C, L]) with weight [O, C/groups, k],
 /// plus bias [O]; output [N, O, L'] with L' = (L + 2 pad - dilation (k - 1) - 1) / stride + 1.
 /// conv2d over a unit height, so it shares conv2d's kernels and gradients.
+/// `padding` is one size, "same" or "valid".
 Tensor conv1d(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor(),
-              int64_t stride = 1, int64_t padding = 0, int64_t dilation = 1, int64_t groups = 1);
+              int64_t stride = 1, ConvPadding padding = 0, int64_t dilation = 1,
+              int64_t groups = 1);
+/// x padded along every axis by pads[d] = (before, after) (pads.size() == ndim, all >= 0)
+/// in `mode`, as torch.nn.functional.pad: reflect needs pads smaller than the axis, circular
+/// pads no larger than it, replicate a non-empty axis. Differentiable.
+Tensor pad(const Tensor& x, const std::vector<std::pair<int64_t, int64_t>>& pads, PaddingMode mode);
 /// The transpose (adjoint) of conv2d, as torch's conv_transpose2d: x [N, C, H, W] (or
 /// [C, H, W]), weight [C, O/groups, kh, kw], bias [O]; output [N, O, H', W'] with
 /// H' = (H - 1) stride - 2 pad + dilation (kh - 1) + output_padding + 1. output_padding
