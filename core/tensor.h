@@ -158,7 +158,9 @@ class Tensor {
   // --- compound assignment ---
   /// x += y rebinds this variable to the lazy value x + y (cast back to x's dtype; the
   /// broadcast shape must be x's). Unlike PyTorch's in-place ops, other Tensor variables
-  /// that shared the old value keep it; gradients flow through as through x + y.
+  /// that shared the old value keep it; gradients flow through as through x + y. A leaf
+  /// that requires grad (a parameter) is instead updated in place through assign() under
+  /// NoGradGuard, so its module sees the change, and raises ValueError otherwise, as torch.
   Tensor& operator+=(const Tensor& other);
   Tensor& operator+=(const Scalar& other);
   Tensor& operator-=(const Tensor& other);

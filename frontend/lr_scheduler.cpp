@@ -69,6 +69,17 @@ LRScheduler::LRScheduler(Optimizer& optimizer) : optimizer_(optimizer) {
 
 void LRScheduler::step() { set_epoch(last_epoch_ + 1); }
 
+double LRScheduler::lr_at(size_t group, int64_t epoch) const {
+  if (group >= base_lrs_.size()) {
+    throw IndexError("[LRScheduler] parameter group " + std::to_string(group) +
+                     " is out of range; the scheduler has " + std::to_string(base_lrs_.size()));
+  }
+  if (epoch < 0) {
+    throw ValueError("[LRScheduler] expected epoch >= 0, got " + std::to_string(epoch));
+  }
+  return schedule_lr(group, epoch);
+}
+
 void LRScheduler::set_epoch(int64_t epoch) {
   if (epoch < 0) {
     throw ValueError("[LRScheduler] expected epoch >= 0, got " + std::to_string(epoch));
@@ -114,7 +125,7 @@ StepLR::StepLR(Optimizer& optimizer, int64_t step_size, double gamma)
   start();
 }
 
-double StepLR::lr_at(size_t group, int64_t epoch) const {
+double StepLR::schedule_lr(size_t group, int64_t epoch) const {
   return base_lrs()[group] * std::pow(gamma_, static_cast<double>(epoch / step_size_));
 }
 
@@ -125,7 +136,7 @@ CosineAnnealingLR::CosineAnnealingLR(Optimizer& optimizer, int64_t T_max, double
   start();
 }
 
-double CosineAnnealingLR::lr_at(size_t group, int64_t epoch) const {
+double CosineAnnealingLR::schedule_lr(size_t group, int64_t epoch) const {
   const double phase = std::numbers::pi * static_cast<double>(epoch) / static_cast<double>(t_max_);
   return eta_min_ + (base_lrs()[group] - eta_min_) * (1 + std::cos(phase)) / 2;
 }
@@ -149,7 +160,7 @@ LinearWarmup::LinearWarmup(Optimizer& optimizer, int64_t warmup_steps, double st
   start();
 }
 
-double LinearWarmup::lr_at(size_t group, int64_t epoch) const {
+double LinearWarmup::schedule_lr(size_t group, int64_t epoch) const {
   const double progress =
       static_cast<double>(std::min(epoch, warmup_steps_)) / static_cast<double>(warmup_steps_);
   return base_lrs()[group] * (start_factor_ + (end_factor_ - start_factor_) * progress);
@@ -164,7 +175,7 @@ MultiStepLR::MultiStepLR(Optimizer& optimizer, std::vector<int64_t> milestones, 
   start();
 }
 
-double MultiStepLR::lr_at(size_t group, int64_t epoch) const {
+double MultiStepLR::schedule_lr(size_t group, int64_t epoch) const {
   const auto passed =
       std::upper_bound(milestones_.begin(), milestones_.end(), epoch) - milestones_.begin();
   return base_lrs()[group] * std::pow(gamma_, static_cast<double>(passed));
@@ -176,7 +187,7 @@ ExponentialLR::ExponentialLR(Optimizer& optimizer, double gamma)
   start();
 }
 
-double ExponentialLR::lr_at(size_t group, int64_t epoch) const {
+double ExponentialLR::schedule_lr(size_t group, int64_t epoch) const {
   return base_lrs()[group] * std::pow(gamma_, static_cast<double>(epoch));
 }
 
@@ -196,7 +207,7 @@ LambdaLR::LambdaLR(Optimizer& optimizer, std::vector<Lambda> lr_lambdas)
   start();
 }
 
-double LambdaLR::lr_at(size_t group, int64_t epoch) const {
+double LambdaLR::schedule_lr(size_t group, int64_t epoch) const {
   return base_lrs()[group] * lambdas_[group](epoch);
 }
 
@@ -278,7 +289,7 @@ std::pair<const OneCycleLR::Phase*, double> OneCycleLR::locate(int64_t epoch) co
   return {&phases_.back(), 1.0};  // not reached: the last phase always matches
 }
 
-double OneCycleLR::lr_at(size_t group, int64_t epoch) const {
+double OneCycleLR::schedule_lr(size_t group, int64_t epoch) const {
   auto [phase, pct] = locate(epoch);
   return anneal(lrs_[group][phase->start_lr], lrs_[group][phase->end_lr], pct);
 }
@@ -328,7 +339,7 @@ SequentialLR::SequentialLR(Optimizer& optimizer,
   start();
 }
 
-double SequentialLR::lr_at(size_t group, int64_t epoch) const {
+double SequentialLR::schedule_lr(size_t group, int64_t epoch) const {
   const auto k = static_cast<size_t>(
       std::upper_bound(milestones_.begin(), milestones_.end(), epoch) - milestones_.begin());
   const int64_t local = k == 0 ? epoch : epoch - milestones_[k - 1];

@@ -34,8 +34,9 @@ class LRScheduler {
   int64_t last_epoch() const { return last_epoch_; }
   /// The lr each group started from (its "initial_lr").
   const std::vector<double>& base_lrs() const { return base_lrs_; }
-  /// The closed form: lr of group `group` at `epoch` (>= 0).
-  virtual double lr_at(size_t group, int64_t epoch) const = 0;
+  /// The closed form: lr of group `group` at `epoch` (>= 0); IndexError for a group the
+  /// optimizer does not have, ValueError for a negative epoch.
+  double lr_at(size_t group, int64_t epoch) const;
   Optimizer& optimizer() const { return optimizer_; }
 
   /// "last_epoch" (int64) and "base_lrs" (float64 [groups]): what a resumed run needs, since
@@ -55,6 +56,8 @@ class LRScheduler {
   void set_base_lrs(std::vector<double> lrs) { base_lrs_ = std::move(lrs); }
   /// Writes what the schedule sets beside the lrs at `epoch` (OneCycleLR: the momentum).
   virtual void write_extra(int64_t /*epoch*/) {}
+  /// lr_at's closed form, called with a valid group and epoch.
+  virtual double schedule_lr(size_t group, int64_t epoch) const = 0;
 
  private:
   Optimizer& optimizer_;
@@ -67,7 +70,9 @@ class LRScheduler {
 class StepLR : public LRScheduler {
  public:
   StepLR(Optimizer& optimizer, int64_t step_size, double gamma = 0.1);
-  double lr_at(size_t group, int64_t epoch) const override;
+
+ protected:
+  double schedule_lr(size_t group, int64_t epoch) const override;
 
  private:
   int64_t step_size_;
@@ -79,7 +84,9 @@ class StepLR : public LRScheduler {
 class CosineAnnealingLR : public LRScheduler {
  public:
   CosineAnnealingLR(Optimizer& optimizer, int64_t T_max, double eta_min = 0);
-  double lr_at(size_t group, int64_t epoch) const override;
+
+ protected:
+  double schedule_lr(size_t group, int64_t epoch) const override;
 
  private:
   int64_t t_max_;
@@ -92,7 +99,9 @@ class LinearWarmup : public LRScheduler {
  public:
   LinearWarmup(Optimizer& optimizer, int64_t warmup_steps, double start_factor = 1.0 / 3,
                double end_factor = 1.0);
-  double lr_at(size_t group, int64_t epoch) const override;
+
+ protected:
+  double schedule_lr(size_t group, int64_t epoch) const override;
 
  private:
   int64_t warmup_steps_;
@@ -104,7 +113,9 @@ class LinearWarmup : public LRScheduler {
 class MultiStepLR : public LRScheduler {
  public:
   MultiStepLR(Optimizer& optimizer, std::vector<int64_t> milestones, double gamma = 0.1);
-  double lr_at(size_t group, int64_t epoch) const override;
+
+ protected:
+  double schedule_lr(size_t group, int64_t epoch) const override;
 
  private:
   std::vector<int64_t> milestones_;  // sorted
@@ -115,7 +126,9 @@ class MultiStepLR : public LRScheduler {
 class ExponentialLR : public LRScheduler {
  public:
   ExponentialLR(Optimizer& optimizer, double gamma);
-  double lr_at(size_t group, int64_t epoch) const override;
+
+ protected:
+  double schedule_lr(size_t group, int64_t epoch) const override;
 
  private:
   double gamma_;
@@ -131,7 +144,9 @@ class LambdaLR : public LRScheduler {
   LambdaLR(Optimizer& optimizer, Lambda lr_lambda);
   /// One function per group.
   LambdaLR(Optimizer& optimizer, std::vector<Lambda> lr_lambdas);
-  double lr_at(size_t group, int64_t epoch) const override;
+
+ protected:
+  double schedule_lr(size_t group, int64_t epoch) const override;
 
  private:
   std::vector<Lambda> lambdas_;
@@ -168,11 +183,11 @@ class OneCycleLR : public LRScheduler {
   /// One max_lr per group.
   OneCycleLR(Optimizer& optimizer, std::vector<double> max_lrs, int64_t total_steps,
              const OneCycleLROptions& options = {});
-  double lr_at(size_t group, int64_t epoch) const override;
   /// The momentum (or betas.first) the schedule gives at `epoch`.
   double momentum_at(int64_t epoch) const;
 
  protected:
+  double schedule_lr(size_t group, int64_t epoch) const override;
   void write_extra(int64_t epoch) override;
 
  private:
@@ -199,7 +214,9 @@ class SequentialLR : public LRScheduler {
  public:
   SequentialLR(Optimizer& optimizer, std::vector<std::shared_ptr<LRScheduler>> schedulers,
                std::vector<int64_t> milestones);
-  double lr_at(size_t group, int64_t epoch) const override;
+
+ protected:
+  double schedule_lr(size_t group, int64_t epoch) const override;
 
  private:
   std::vector<std::shared_ptr<LRScheduler>> schedulers_;

@@ -285,10 +285,13 @@ void SGD::step() {
       if (fresh || !buf.defined()) {
         buf = own_handle(d);
       } else {
-        buf.assign(o.dampening == 0 ? buf * o.momentum + d
-                                    : buf * o.momentum + d * (1 - o.dampening));
+        // momentum and dampening as kernel arguments: a scheduler cycling momentum would
+        // otherwise compile (and keep) new kernels every step.
+        const Tensor momentum = step_scalar(o.momentum, p);
+        buf.assign(o.dampening == 0 ? buf * momentum + d
+                                    : buf * momentum + d * step_scalar(1 - o.dampening, p));
       }
-      d = o.nesterov ? d + buf * o.momentum : buf;
+      d = o.nesterov ? d + buf * step_scalar(o.momentum, p) : buf;
     }
     p.assign(p - step_scalar(o.lr, p) * d);
   });
@@ -334,7 +337,8 @@ void adam_update(Tensor p, Tensor g, std::map<std::string, Tensor>& state, int64
   }
   Tensor& exp_avg = state["exp_avg"];
   Tensor& exp_avg_sq = state["exp_avg_sq"];
-  exp_avg.assign(exp_avg + (g - exp_avg) * (1 - beta1));  // lerp with weight 1 - beta1 < 0.5
+  // lerp with weight 1 - beta1 < 0.5; beta1 as a kernel argument, since OneCycleLR cycles it.
+  exp_avg.assign(exp_avg + (g - exp_avg) * step_scalar(1 - beta1, p));
   exp_avg_sq.assign(exp_avg_sq * beta2 + g * g * (1 - beta2));
   const double s = static_cast<double>(step);
   const double bias_correction1 = 1 - std::pow(beta1, s);
@@ -448,7 +452,7 @@ void RMSprop::step() {
     }
     if (o.momentum > 0) {
       Tensor& buf = state("momentum_buffer");
-      buf.assign(buf * o.momentum + d / avg);
+      buf.assign(buf * step_scalar(o.momentum, p) + d / avg);  // a cycled momentum: see SGD
       p.assign(p - step_scalar(o.lr, p) * buf);
     } else {
       p.assign(p - step_scalar(o.lr, p) * (d / avg));

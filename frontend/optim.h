@@ -112,19 +112,21 @@ class OptimizerWithOptions : public Optimizer {
     options_.push_back(options);
   }
   /// The hyperparameters of `group`; changing them takes effect at the next step().
-  Options& options(size_t group) { return options_.at(group); }
-  const Options& options(size_t group) const { return options_.at(group); }
-  double lr(size_t group) const override { return options_.at(group).lr; }
-  void set_lr(size_t group, double lr) override { options_.at(group).lr = lr; }
-  bool master_weights(size_t group) const override { return options_.at(group).master_weights; }
+  Options& options(size_t group) { return options_[checked(group)]; }
+  const Options& options(size_t group) const { return options_[checked(group)]; }
+  double lr(size_t group) const override { return options_[checked(group)].lr; }
+  void set_lr(size_t group, double lr) override { options_[checked(group)].lr = lr; }
+  bool master_weights(size_t group) const override {
+    return options_[checked(group)].master_weights;
+  }
   std::optional<double> momentum(size_t group) const override {
-    const Options& o = options_.at(group);
+    const Options& o = options_[checked(group)];
     if constexpr (requires { o.betas.first; }) return o.betas.first;
     if constexpr (requires { o.momentum; }) return o.momentum;
     return std::nullopt;
   }
   void set_momentum(size_t group, double momentum) override {
-    Options& o = options_.at(group);
+    Options& o = options_[checked(group)];
     if constexpr (requires { o.betas.first; }) {
       o.betas.first = momentum;
     } else if constexpr (requires { o.momentum; }) {
@@ -136,6 +138,11 @@ class OptimizerWithOptions : public Optimizer {
 
  protected:
   using Optimizer::Optimizer;
+  /// `group`, after params(group) has thrown IndexError if the optimizer lacks it.
+  size_t checked(size_t group) const {
+    params(group);
+    return group;
+  }
   /// Throws ValueError for hyperparameters outside their domain.
   virtual void validate(const Options& options) const = 0;
   /// Calls update(param, grad, state, options) for every parameter that has a gradient,

@@ -210,6 +210,13 @@ Tensor& Tensor::index_put_(const std::vector<TensorIndex>& indices, const Tensor
   }
   int64_t count = kiln::numel(target);
   if (count == 0) return *this;
+  // A tensor index is checked against its axis only when evaluated: evaluating the positions
+  // now makes a bad index raise here, before the update, and leaves this tensor as it was
+  // (torch's in-place ops are eager too). Without tensor indices nothing can fail later.
+  bool tensor_index = false;
+  for (const TensorIndex& i : indices)
+    tensor_index = tensor_index || i.kind() == TensorIndex::Kind::Tensor;
+  if (tensor_index) positions.eval();
   Tensor src = kiln::reshape(broadcast_to(cast(value.to(device()), dtype()), target), {count});
   Tensor flat_positions = kiln::reshape(positions, {count});
   // source[j] = 1 + the last k with flat_positions[k] == j (below 1 where nothing is

@@ -109,8 +109,12 @@ Tensor arange(const Scalar& start, const Scalar& stop, const Scalar& step) {
 Tensor arange(int64_t stop) { return arange(0, stop, 1, DType::Int64); }
 
 Tensor eye(int64_t n, int64_t m, DType dtype, Device device) {
-  if (m < 0) m = n;
   if (n < 0) throw ValueError("[eye] expected n >= 0, got " + std::to_string(n));
+  if (m < -1) {
+    throw ValueError("[eye] expected m >= 0 (or -1, the default, for m = n), got " +
+                     std::to_string(m));
+  }
+  if (m == -1) m = n;
   check_sizes("eye", {n, m}, itemsize(dtype));
   if (n == 0 || m == 0) return zeros({n, m}, dtype, device);
   Tensor diagonal =

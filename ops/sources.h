@@ -27,7 +27,7 @@ Tensor arange(const Scalar& start, const Scalar& stop, const Scalar& step, DType
 /// 0, 1, ..., stop-1 as int64.
 Tensor arange(int64_t stop);
 
-/// The n x m identity matrix (m = n when negative): ones on the diagonal (torch.eye).
+/// The n x m identity matrix (m = n when -1): ones on the diagonal (torch.eye).
 Tensor eye(int64_t n, int64_t m = -1, DType dtype = DType::Float32,
            Device device = default_device());
 /// `steps` values from start to end inclusive, evenly spaced (torch.linspace; computed in

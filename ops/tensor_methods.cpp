@@ -33,6 +33,20 @@ void rebind_compound(Tensor& x, Tensor result, const char* op) {
     }
     result = cast(result, x.dtype());
   }
+  // A parameter (a leaf that requires grad): rebinding the handle would part it from the
+  // module and optimizer that hold copies of it, so it is updated in place under
+  // NoGradGuard, as torch's `with torch.no_grad(): w *= 0.5`, and refused otherwise, as
+  // torch refuses in-place ops on such leaves.
+  if (x.requires_grad() && x.is_leaf()) {
+    if (grad_mode_enabled()) {
+      throw ValueError(std::string("[") + op + "] " + describe(x) +
+                       " is a leaf that requires grad and cannot be updated in place while "
+                       "gradients are recorded; update it inside a NoGradGuard, as "
+                       "torch.no_grad()");
+    }
+    x.assign(result);
+    return;
+  }
   x = std::move(result);
 }
 

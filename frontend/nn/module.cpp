@@ -162,7 +162,10 @@ StateDict Module::state_dict() const {
 }
 
 Module& Module::apply(const std::function<void(Module&)>& fn) {
-  for (auto& [_, child] : children_) child->apply(fn);
+  // Over a copy of the children (owners included): `fn` may register or replace children,
+  // which would invalidate an iterator into children_; those it adds are not visited.
+  const std::vector<std::pair<std::string, std::shared_ptr<Module>>> children = children_;
+  for (const auto& [_, child] : children) child->apply(fn);
   fn(*this);
   return *this;
 }
