@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <memory>
+#include <optional>
 #include <unordered_map>
 
 #include "../core/error.h"
@@ -70,6 +71,45 @@ struct StepTables {
 // The groups in the order they run (see updates_last).
 using Schedule = std::vector<const FusionGroup*>;
 
+// The nodes `group` may read at another element than the output's: every input of a
+// reindex member, and what reaches it through elementwise members inside the group. A
+// reduction inside the group is a row stage (lowering makes it one or refuses): it reads
+// the row it is computed for, before the row's elements are written, and those elements
+// share the output's shape, so through elementwise ops it reads only that row.
+std::unordered_set<const Node*> read_off_index(const FusionGroup& group) {
+  std::unordered_set<const Node*> inside(group.members.begin(), group.members.end());
+  std::unordered_set<const Node*> read, seen;
+  std::vector<const Node*> stack;
+  for (const Node* m : group.members)
+    if (op_family(m->op) != OpFamily::Elementwise && m->op != OpCode::ReindexReduce)
+      stack.push_back(m);
+  while (!stack.empty()) {
+    const Node* m = stack.back();
+    stack.pop_back();
+    for (const NodePtr& in : m->inputs) {
+      read.insert(in.get());
+      if (inside.count(in.get()) && in->op != OpCode::ReindexReduce && seen.insert(in.get()).second)
+        stack.push_back(in.get());
+    }
+  }
+  return read;
+}
+
+// reads_at_output_index, with the group's read_off_index computed once for all its inputs
+// (`off_index` holds it after the first call that needs it).
+bool reads_at_output_index(const FusionGroup& group, const Node* input,
+                           std::optional<std::unordered_set<const Node*>>& off_index) {
+  const Node* root = group.root;
+  // An accumulation adds the product into its input element by element.
+  if (group.library)
+    return group.gemm.sum && input == group.gemm.accumulate && input->nbytes() == root->nbytes();
+  if (op_family(root->op) != OpFamily::Elementwise || input->shape != root->shape ||
+      input->nbytes() != root->nbytes())
+    return false;
+  if (!off_index) off_index = read_off_index(group);
+  return off_index->count(input) == 0;
+}
+
 // Lists, per kernel, the inputs whose buffer its output may take over if it reads them
 // last: on its device, read only at its own output element, and not kept by anything.
 // The planner picks among them for the order the kernels run in (memory::assign_in_place).
@@ -78,11 +118,12 @@ void list_in_place_candidates(StepTables& t, const Schedule& groups) {
     const FusionGroup& g = *groups[k];
     if (g.root->op == OpCode::Transfer) continue;
     PlanKernel& pk = t.graph.kernels[k];
+    std::optional<std::unordered_set<const Node*>> off_index;
     for (int v : pk.inputs) {
       const PlanValue& pv = t.graph.values[static_cast<size_t>(v)];
       Node* n = t.nodes[static_cast<size_t>(v)];
       if (pv.output || n->device != g.root->device || (pv.producer < 0 && !pv.releasable_leaf) ||
-          !reads_at_output_index(g, n))
+          !reads_at_output_index(g, n, off_index))
         continue;
       pk.in_place_candidates.push_back(v);
     }
@@ -497,34 +538,8 @@ memory::PlanRequest plan_request(const StepTables& t, size_t tail, size_t budget
 }  // namespace
 
 bool reads_at_output_index(const FusionGroup& group, const Node* input) {
-  const Node* root = group.root;
-  // An accumulation adds the product into its input element by element.
-  if (group.library)
-    return group.gemm.sum && input == group.gemm.accumulate && input->nbytes() == root->nbytes();
-  if (op_family(root->op) != OpFamily::Elementwise || input->shape != root->shape ||
-      input->nbytes() != root->nbytes())
-    return false;
-  // Any read through a reindex or a reduction may be at another element: none of those
-  // members may reach the input.
-  std::unordered_set<const Node*> inside(group.members.begin(), group.members.end());
-  std::vector<const Node*> stack;
-  std::unordered_set<const Node*> seen;
-  // A reduction inside the group is a row stage (lowering makes it one or refuses): it
-  // reads the row it is computed for, before the row's elements are written, and those
-  // elements share the output's shape, so through elementwise ops it reads only that row.
-  for (const Node* m : group.members)
-    if (op_family(m->op) != OpFamily::Elementwise && m->op != OpCode::ReindexReduce)
-      stack.push_back(m);
-  while (!stack.empty()) {
-    const Node* m = stack.back();
-    stack.pop_back();
-    for (const NodePtr& in : m->inputs) {
-      if (in.get() == input) return false;
-      if (inside.count(in.get()) && in->op != OpCode::ReindexReduce && seen.insert(in.get()).second)
-        stack.push_back(in.get());
-    }
-  }
-  return true;
+  std::optional<std::unordered_set<const Node*>> off_index;
+  return reads_at_output_index(group, input, off_index);
 }
 
 void run_with_memory_plan(const FusionPlan& plan, const std::unordered_set<Node*>& outputs,
