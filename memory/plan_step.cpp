@@ -7,6 +7,7 @@
 #include <mutex>
 #include <optional>
 #include <unordered_map>
+#include <utility>
 
 namespace kiln::memory {
 
@@ -27,27 +28,40 @@ struct StepKey {
   }
 };
 
+// What a stored plan was made for besides the step's key: the kernel order, the bytes
+// resident at the start (which the key leaves out) and the budget planned for.
+struct PlanMadeFor {
+  ScheduleOrder order = ScheduleOrder::Given;
+  size_t start = 0, budget = 0;
+  bool operator==(const PlanMadeFor&) const = default;
+};
+
+// What an arena placement was made for: exactly these actions and sizes in this order.
+struct PlacementMadeFor {
+  ScheduleOrder order = ScheduleOrder::Given;
+  std::vector<PlanAction> actions;
+  std::vector<size_t> bytes;
+  bool refined = false;
+  bool matches(ScheduleOrder o, const std::vector<PlanAction>& a, const std::vector<size_t>& b,
+               bool r) const {
+    return order == o && refined == r && actions == a && bytes == b;
+  }
+};
+
 // What kiln learns about a step that repeats (a training loop). Costs estimated from bytes
 // and flops miss launch and threading overheads, which dominate small kernels; plans made
 // with measured times choose better victims and report extra work truthfully.
 struct StepProfile {
   std::vector<double> seconds;  // per kernel in the given order: fastest run seen
   int measured = 0;             // steps that contributed to `seconds`
-  int ordered_with = -1;        // `measured` when `order` was chosen (-1: not yet)
   ScheduleOrder order = ScheduleOrder::Given;
+  int ordered_with = -1;  // `measured` when `order` was chosen (-1: not yet)
   // The plan made once the costs stopped changing: the same tables, costs and budget always
-  // give the same plan, so later steps run it again. Valid for `plan_order` and the bytes
-  // resident at the start (which the tables' key leaves out).
-  PlanDecision plan;
-  ScheduleOrder plan_order = ScheduleOrder::Given;
-  size_t plan_start = 0, plan_budget = 0;
-  // The arena placement of exactly these actions and sizes in this order: placing
-  // thousands of values takes milliseconds, and a training loop repeats the same plan.
-  std::shared_ptr<const ArenaPlan> arena;
-  ScheduleOrder arena_order = ScheduleOrder::Given;
-  std::vector<PlanAction> arena_actions;
-  std::vector<size_t> arena_bytes;
-  bool arena_refined = false;
+  // give the same plan, so later steps run it again.
+  std::optional<std::pair<PlanMadeFor, PlanDecision>> plan;
+  // The arena placement of the plan that ran last: placing thousands of values takes
+  // milliseconds, and a training loop repeats the same plan.
+  std::optional<std::pair<PlacementMadeFor, std::shared_ptr<const ArenaPlan>>> arena;
 };
 
 struct StepProfileEntry {
@@ -173,42 +187,30 @@ std::shared_ptr<const ArenaPlan> arena_for(StepProfileEntry& e, ScheduleOrder or
                                            const ArenaPlan* made) {
   if (made == nullptr) {
     std::lock_guard<std::mutex> lock(e.mutex);
-    const StepProfile& p = e.profile;
-    if (p.arena && p.arena_order == order && p.arena_refined == refine &&
-        p.arena_actions == actions && p.arena_bytes == bytes)
-      return p.arena;
+    if (e.profile.arena && e.profile.arena->first.matches(order, actions, bytes, refine))
+      return e.profile.arena->second;
   }
   auto placed =
       std::make_shared<const ArenaPlan>(made ? *made : plan_arena(graph, actions, bytes, refine));
   std::lock_guard<std::mutex> lock(e.mutex);
-  StepProfile& p = e.profile;
-  p.arena = placed;
-  p.arena_order = order;
-  p.arena_actions = actions;
-  p.arena_bytes = bytes;
-  p.arena_refined = refine;
+  e.profile.arena.emplace(PlacementMadeFor{order, actions, bytes, refine}, placed);
   return placed;
 }
 
 // Stores the plan made once the costs settled, for later steps to run again.
 void store_plan(StepProfileEntry& e, const StepPlan& out, size_t start_bytes) {
   std::lock_guard<std::mutex> lock(e.mutex);
-  StepProfile& p = e.profile;
-  p.plan = out;
-  p.plan_order = out.order;
-  p.plan_start = start_bytes;
-  p.plan_budget = out.planned_budget;
+  e.profile.plan.emplace(PlanMadeFor{out.order, start_bytes, out.planned_budget}, out);
 }
 
 // The plan stored for this order, start and planned budget, copied into `out`; false when
 // there is none.
 bool stored_plan(StepProfileEntry& e, size_t start_bytes, StepPlan& out) {
   std::lock_guard<std::mutex> lock(e.mutex);
-  const StepProfile& p = e.profile;
-  if (!p.plan.actions || p.plan_order != out.order || p.plan_start != start_bytes ||
-      p.plan_budget != out.planned_budget)
+  const auto& stored = e.profile.plan;
+  if (!stored || !(stored->first == PlanMadeFor{out.order, start_bytes, out.planned_budget}))
     return false;
-  static_cast<PlanDecision&>(out) = p.plan;
+  static_cast<PlanDecision&>(out) = stored->second;
   return true;
 }
 
