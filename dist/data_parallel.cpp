@@ -3,6 +3,7 @@
 #include <cstring>
 #include <string>
 
+#include "../memory/rank_bytes.h"
 #include "../ops/ops.h"
 
 namespace kiln::dist {
@@ -53,7 +54,22 @@ DataParallel::DataParallel(nn::Module& module, Communicator& comm, DataParallelO
     buckets_.back().push_back(k);
     bytes += b;
   }
+
+  report_id_ = memory::add_rank_bytes_source([this] {
+    memory::RankBytes r;
+    r.holder = "DataParallel";
+    r.rank = comm_->rank();
+    r.ranks = comm_->size();
+    for (const Tensor& p : params_) {
+      r.parameters += p.node()->nbytes();
+      const Tensor g = p.grad();
+      if (g.defined()) r.gradients += g.node()->nbytes();
+    }
+    return r;
+  });
 }
+
+DataParallel::~DataParallel() { memory::remove_rank_bytes_source(report_id_); }
 
 // Ranks whose modules differ would exchange buffers of different sizes; a signature of
 // every parameter's dtype, shape and device, compared first, names the problem instead.
@@ -93,7 +109,12 @@ void DataParallel::backward(const Tensor& loss) {
 }
 
 void DataParallel::synchronize_gradients() {
-  if (!synchronizing() || comm_->size() == 1) return;
+  if (!synchronizing()) return;
+  if (reducer_) {
+    reducer_();
+    return;
+  }
+  if (comm_->size() == 1) return;
   NoGradGuard no_grad;
   // Each bucket is one flat tensor: concat of the flattened gradients, computed in the same
   // evaluation as the backward pass (one graph: the concat reads the gradients as they are

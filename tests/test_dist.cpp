@@ -14,6 +14,7 @@
 #include "frontend/kiln.h"
 #include "frontend/nn/nn.h"
 #include "frontend/optim.h"
+#include "memory/memory.h"
 
 using namespace kiln;
 using Catch::Matchers::Contains;
@@ -262,7 +263,7 @@ TEST_CASE("dist: DataParallel in one process buckets, hashes and trains like the
   CHECK(ddp.parameter_hash() != h);
 }
 
-TEST_CASE("dist: ZeRO-1 in one process owns every parameter and steps like its optimizer",
+TEST_CASE("dist: ZeRO-1 in one process holds one flat block and steps like its optimizer",
           "[dist]") {
   manual_seed(9);
   nn::Linear plain(4, 3);
@@ -272,8 +273,8 @@ TEST_CASE("dist: ZeRO-1 in one process owns every parameter and steps like its o
   dist::ZeroRedundancyOptimizer zero(sharded.parameters(), [](std::vector<Tensor> ps) {
     return std::make_unique<optim::Adam>(std::move(ps), optim::AdamOptions{.lr = 0.05});
   });
-  CHECK(zero.owner(0) == 0);
-  CHECK(zero.owner(1) == 0);
+  CHECK(zero.num_groups() == 1);
+  CHECK(zero.shard_numel(0) == 12 + 3);  // one rank: the whole flat vector, no padding
   REQUIRE(zero.local() != nullptr);
   Tensor x = randn({6, 4});
   for (int step = 0; step < 3; ++step) {
@@ -290,4 +291,59 @@ TEST_CASE("dist: ZeRO-1 in one process owns every parameter and steps like its o
   CHECK_THROWS_AS(dist::ZeroRedundancyOptimizer(
                       {}, [](std::vector<Tensor>) { return std::unique_ptr<optim::Optimizer>(); }),
                   ValueError);
+  CHECK_THROWS_AS(dist::ZeroRedundancyOptimizer(
+                      plain.parameters(),
+                      [](std::vector<Tensor>) { return std::unique_ptr<optim::Optimizer>(); },
+                      dist::world(), {.stage = 3}),
+                  ValueError);
+}
+
+TEST_CASE("dist: ZeRO-2 in one process keeps only the flat gradient and reports its bytes",
+          "[dist]") {
+  manual_seed(9);
+  nn::Linear plain(4, 3);
+  manual_seed(9);
+  nn::Linear sharded(4, 3);
+  optim::Adam full(plain.parameters(), {.lr = 0.05});
+  dist::DataParallel ddp(sharded);
+  dist::ZeroRedundancyOptimizer zero(ddp,
+                                     [](std::vector<Tensor> ps) {
+                                       return std::make_unique<optim::Adam>(
+                                           std::move(ps), optim::AdamOptions{.lr = 0.05});
+                                     },
+                                     {.stage = 2});
+  Tensor x = randn({6, 4});
+  for (int step = 0; step < 3; ++step) {
+    full.zero_grad();
+    zero.zero_grad();
+    sum(plain.forward(x) * plain.forward(x)).backward();
+    ddp.backward(sum(sharded.forward(x) * sharded.forward(x)));
+    // The reducer took the gradients: the parameters hold none, the shard holds them all.
+    CHECK_FALSE(sharded.weight.grad().defined());
+    CHECK(zero.local_gradient_bytes() == (12 + 3) * sizeof(float));
+    full.step();
+    zero.step();
+  }
+  CHECK(plain.weight.to_vector<float>() == sharded.weight.to_vector<float>());
+  CHECK(plain.bias.to_vector<float>() == sharded.bias.to_vector<float>());
+
+  const std::vector<memory::RankBytes> held = memory::rank_bytes();
+  REQUIRE(held.size() == 2);  // the DataParallel and the ZeRO optimizer, in that order
+  CHECK(held[0].holder == "DataParallel");
+  CHECK_FALSE(held[0].optimizer_state.has_value());
+  CHECK(held[1].holder == "ZeRO-2");
+  CHECK(held[1].rank == 0);
+  CHECK(held[1].ranks == 1);
+  CHECK(held[1].parameters == (12 + 3) * sizeof(float));
+  CHECK(held[1].gradients == (12 + 3) * sizeof(float));
+  CHECK(held[1].optimizer_state == 2 * (12 + 3) * sizeof(float));
+  const std::string report = memory::report();
+  CHECK(report.find("[rank 0 of 1] ZeRO-2: parameters 60 B, gradients 60 B, optimizer state "
+                    "120 B") != std::string::npos);
+  CHECK(memory::plan_report().find("training state held by this rank") != std::string::npos);
+}
+
+TEST_CASE("dist: the per-rank byte report is empty without DataParallel or ZeRO", "[dist]") {
+  CHECK(memory::rank_bytes().empty());
+  CHECK(memory::rank_bytes_report().empty());
 }
