@@ -10,9 +10,11 @@
 // weights): 1/N of the whole, up to N-1 padding elements. step() updates the block and
 // all-gathers the blocks into every rank's parameters.
 //
-// Stage 1: gradients are averaged in full (DataParallel's all-reduce); step() takes this
-// rank's block of them. Stage 2: gradients are reduce-scattered instead; each rank keeps
-// only the averaged gradient of its block and the full local gradients are dropped.
+// Stage 1: gradients are averaged in full; step() takes this rank's block of them. Stage 2:
+// gradients are reduce-scattered instead; each rank keeps only the averaged gradient of its
+// block and the full local gradients are dropped. Made from a DataParallel, the optimizer
+// takes over its gradient synchronisation: each group's gradients are copied into one flat
+// vector and all-reduced (stage 1) or reduce-scattered (stage 2) as one message.
 //
 //   dist::DataParallel ddp(*model);
 //   dist::ZeroRedundancyOptimizer opt(ddp, [](std::vector<Tensor> ps) {
@@ -51,21 +53,24 @@ class ZeroRedundancyOptimizer {
   /// for an empty list or a stage other than 1 or 2.
   ZeroRedundancyOptimizer(std::vector<Tensor> params, const Factory& make,
                           Communicator& comm = world(), ZeroOptions options = {});
-  /// Shards `ddp`'s module parameters over its communicator. At stage 2 `ddp.backward()`
-  /// then reduce-scatters the gradients into this optimizer instead of all-reducing them;
-  /// `ddp` must outlive this optimizer.
+  /// Shards `ddp`'s module parameters over its communicator; `ddp.backward()` then calls
+  /// reduce_gradients() instead of its bucketed all-reduce. `ddp` must outlive this
+  /// optimizer.
   ZeroRedundancyOptimizer(DataParallel& ddp, const Factory& make, ZeroOptions options = {});
   ~ZeroRedundancyOptimizer();
   ZeroRedundancyOptimizer(const ZeroRedundancyOptimizer&) = delete;
   ZeroRedundancyOptimizer& operator=(const ZeroRedundancyOptimizer&) = delete;
 
-  /// Stage 2: reduce-scatters (averages) the parameters' local gradients, adds this rank's
-  /// block to its gradient shard and drops the full gradients. Does nothing at stage 1 or
-  /// when no parameter has a gradient. A collective: every rank calls it.
+  /// Averages the parameters' local gradients over the ranks, each dtype/device group as
+  /// one flat message: stage 1 all-reduces and gives every parameter its averaged gradient;
+  /// stage 2 reduce-scatters, adds this rank's block to its gradient shard and drops the
+  /// full gradients. Does nothing when no parameter has a gradient. A collective: every
+  /// rank calls it (DataParallel::backward does, for an optimizer made from it).
   void reduce_gradients();
   /// Updates this rank's blocks with its optimizer, then all-gathers every parameter from
   /// the blocks (one all-gather per dtype and device). Stage 2 reduces pending local
-  /// gradients first. A collective: every rank calls it.
+  /// gradients first; stage 1 expects averaged ones (reduce_gradients() or DataParallel).
+  /// A collective: every rank calls it.
   void step();
   /// Clears every parameter's gradient and this rank's gradient shards.
   void zero_grad();
@@ -96,10 +101,14 @@ class ZeroRedundancyOptimizer {
     int64_t shard = 0;
     Tensor block;  // this rank's block: the parameter its optimizer updates
   };
-  // `pieces` (one per member) flattened end to end and padded to shard * ranks elements.
-  Tensor flat_of(const FlatGroup& g, const std::vector<Tensor>& pieces) const;
-  // This rank's block of a group's flat vector.
-  Tensor my_block(const FlatGroup& g, const Tensor& flat) const;
+  // Elements [start, start + count) of `pieces` (one per member) laid end to end and
+  // padded with zeros to shard * ranks elements, as a flat tensor of the group's dtype.
+  Tensor flat_range(const FlatGroup& g, const std::vector<Tensor>& pieces, int64_t start,
+                    int64_t count) const;
+  // Elements [start, start + numel(shape)) of an evaluated flat vector as a tensor of `shape`.
+  static Tensor flat_slice(const Tensor& flat, int64_t start, const Shape& shape);
+  // This rank's block of `pieces` laid end to end.
+  Tensor my_block(const FlatGroup& g, const std::vector<Tensor>& pieces) const;
   // Rebuilds the blocks from the parameters when something else has assigned them.
   void refresh_blocks();
   // Records the parameters' current nodes (what refresh_blocks compares with).

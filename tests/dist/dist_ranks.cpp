@@ -6,8 +6,10 @@
 //   dist_ranks ddp           DataParallel over N ranks with per-rank batch B against one
 //                            process trained here with batch N*B (plus no_sync gradient
 //                            accumulation), parameters hashed and compared after every step
-//   dist_ranks zero          ZeRO-1 against the unsharded optimizer: bit-identical
-//                            parameters, the state split across the ranks (1/N + padding)
+//   dist_ranks zero          ZeRO-1 (made from a DataParallel: one flat all-reduce of the
+//                            gradients) against DataParallel and the unsharded optimizer:
+//                            bit-identical parameters, the state split across the ranks
+//                            (1/N + padding)
 //   dist_ranks zero2         ZeRO-2 (DataParallel reduce-scatters into the shards) over N
 //                            ranks with per-rank batch B against one process with batch N*B
 //                            (plus no_sync accumulation): parameters in sync after every
@@ -228,12 +230,9 @@ void zero(dist::Communicator& c) {
   auto sharded = mlp();
   dist::DataParallel ddp_plain(*plain, c), ddp_sharded(*sharded, c);
   optim::Adam full(plain->parameters(), {.lr = 0.01});
-  dist::ZeroRedundancyOptimizer zero(
-      sharded->parameters(),
-      [](std::vector<Tensor> ps) {
-        return std::make_unique<optim::Adam>(std::move(ps), optim::AdamOptions{.lr = 0.01});
-      },
-      c);
+  dist::ZeroRedundancyOptimizer zero(ddp_sharded, [](std::vector<Tensor> ps) {
+    return std::make_unique<optim::Adam>(std::move(ps), optim::AdamOptions{.lr = 0.01});
+  });
   auto sampler =
       std::make_shared<dist::DistributedSampler>(n, c, dist::DistributedSamplerOptions{.seed = 5});
   data::DataLoader loader(dataset, {.batch_size = B, .sampler = sampler});
