@@ -1,13 +1,11 @@
 #include "zero.h"
 
-#include <algorithm>
-#include <cstring>
 #include <string>
 
 #include "../memory/rank_bytes.h"
 #include "../ops/ops.h"
-#include "backends.h"
 #include "data_parallel.h"
+#include "flat.h"
 
 namespace kiln::dist {
 namespace {
@@ -83,52 +81,10 @@ ZeroRedundancyOptimizer::~ZeroRedundancyOptimizer() {
   if (ddp_) ddp_->set_gradient_reducer(nullptr);
 }
 
-// Host pieces are copied into one buffer (memcpy) rather than joined by a kernel: a concat
-// of a model's parameters selects among all of its pieces for every element, and cost four
-// times the rest of an MLP's Adam step. CUDA pieces are joined lazily.
 Tensor ZeroRedundancyOptimizer::flat_range(const FlatGroup& g, const std::vector<Tensor>& pieces,
                                            int64_t start, int64_t count) const {
   const Tensor& first = params_[g.members.front()];
-  const DType dtype = first.dtype();
-  const Device device = first.device();
-  std::vector<Tensor> flat;
-  for (const Tensor& piece : pieces)
-    flat.push_back(piece.dtype() == dtype ? piece : cast(piece, dtype));
-  if (device.is_cuda()) {
-    for (Tensor& piece : flat) piece = reshape(piece, {piece.numel()});
-    Tensor joined = flat.size() == 1 ? flat[0] : concat(flat, 0);
-    const int64_t padded = g.shard * comm_->size();
-    if (padded > g.total) joined = pad(joined, {{0, padded - g.total}});
-    return slice(joined, 0, start, start + count);
-  }
-  eval(flat);  // an evaluated tensor's buffer holds its elements in row-major order
-  const size_t item = itemsize(dtype);
-  auto buffer = std::make_shared<Buffer>(static_cast<size_t>(count) * item, device);
-  auto* out = static_cast<char*>(buffer->host_data());
-  int64_t at = 0;  // where the piece starts in the flat vector
-  for (const Tensor& piece : flat) {
-    const int64_t from = std::max(start, at), to = std::min(start + count, at + piece.numel());
-    if (from < to) {
-      std::memcpy(out + (from - start) * item,
-                  static_cast<const char*>(piece.raw_data()) + (from - at) * item,
-                  static_cast<size_t>(to - from) * item);
-    }
-    at += piece.numel();
-  }
-  // The padding after the last parameter.
-  const int64_t covered = std::clamp<int64_t>(at - start, 0, count);
-  std::memset(out + covered * item, 0, static_cast<size_t>(count - covered) * item);
-  return detail::constant_from(std::move(buffer), {count}, dtype, device);
-}
-
-// Host values are copied out of the flat vector: as a lazy slice, each would be a reindex
-// kernel in the next step (12 ms for an MLP's 1024x1024 weight under load, against 1 ms for
-// its Adam update).
-Tensor ZeroRedundancyOptimizer::flat_slice(const Tensor& flat, int64_t start, const Shape& shape) {
-  if (flat.device().is_cuda()) return reshape(slice(flat, 0, start, start + numel(shape)), shape);
-  const auto* base = static_cast<const char*>(flat.raw_data());
-  return from_data(base + static_cast<size_t>(start) * itemsize(flat.dtype()), shape, flat.dtype(),
-                   flat.device());
+  return detail::flat_range(pieces, start, count, first.dtype(), first.device());
 }
 
 Tensor ZeroRedundancyOptimizer::my_block(const FlatGroup& g,
@@ -207,7 +163,7 @@ void ZeroRedundancyOptimizer::reduce_gradients() {
       flats[i] = Tensor();
       for (size_t m = 0; m < g.members.size(); ++m) {
         Tensor& p = params_[g.members[m]];
-        p.set_grad(flat_slice(average, g.offsets[m], p.shape()));
+        p.set_grad(detail::flat_slice(average, g.offsets[m], p.shape()));
       }
       continue;
     }
@@ -245,7 +201,7 @@ void ZeroRedundancyOptimizer::step() {
     const Tensor whole = comm_->all_gather(g.block);
     for (size_t i = 0; i < g.members.size(); ++i) {
       Tensor& p = params_[g.members[i]];
-      p.assign(flat_slice(whole, g.offsets[i], p.shape()));
+      p.assign(detail::flat_slice(whole, g.offsets[i], p.shape()));
     }
   }
   remember_parameters();

@@ -102,11 +102,9 @@ class ZeroRedundancyOptimizer {
     Tensor block;  // this rank's block: the parameter its optimizer updates
   };
   // Elements [start, start + count) of `pieces` (one per member) laid end to end and
-  // padded with zeros to shard * ranks elements, as a flat tensor of the group's dtype.
+  // padded with zeros, as a flat tensor of the group's dtype and device (dist/flat.h).
   Tensor flat_range(const FlatGroup& g, const std::vector<Tensor>& pieces, int64_t start,
                     int64_t count) const;
-  // Elements [start, start + numel(shape)) of an evaluated flat vector as a tensor of `shape`.
-  static Tensor flat_slice(const Tensor& flat, int64_t start, const Shape& shape);
   // This rank's block of `pieces` laid end to end.
   Tensor my_block(const FlatGroup& g, const std::vector<Tensor>& pieces) const;
   // Rebuilds the blocks from the parameters when something else has assigned them.
