@@ -31,6 +31,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -146,14 +147,66 @@ double max_difference(const std::vector<Tensor>& a, const std::vector<Tensor>& b
   return worst;
 }
 
-void ddp(dist::Communicator& c) {
-  const int R = c.size(), r = c.rank();
+// The data-parallel side of a comparison with one process: its optimizer's calls, and a
+// check between backward and step.
+struct DataParallelSide {
+  std::function<void()> zero_grad, step;
+  std::function<void()> after_backward = [] {};
+};
+
+// Trains `model` under `ddp` (batch B = 4 per rank, DistributedSampler) and `reference` in
+// this process (batch R*B of the same examples) for 3 epochs of a 64-example data set;
+// epoch 2 accumulates two batches per step, under no_sync for the first. After every step
+// the ranks' parameters must be bit-identical. Returns the steps taken and the largest
+// difference from the reference seen after a step.
+std::pair<int, double> train_against_one_process(dist::Communicator& c, nn::Sequential& reference,
+                                                 optim::Optimizer& ref_opt, nn::Sequential& model,
+                                                 dist::DataParallel& ddp,
+                                                 const DataParallelSide& side) {
   const int64_t B = 4, n = 64;
   manual_seed(42);  // the same data on every rank
   Tensor features = randn({n, 8});
   Tensor labels = randint(0, 4, {n});
   data::TensorDataset dataset(features, labels);
+  data::DataLoader ref_loader(dataset, {.batch_size = c.size() * B, .shuffle = true, .seed = 11});
+  auto sampler =
+      std::make_shared<dist::DistributedSampler>(n, c, dist::DistributedSamplerOptions{.seed = 11});
+  data::DataLoader loader(dataset, {.batch_size = B, .sampler = sampler});
+  expect(loader.num_batches() == ref_loader.num_batches(), "same number of steps");
 
+  int steps = 0;
+  double worst = 0;
+  for (int epoch = 0; epoch < 3; ++epoch) {
+    const bool accumulate = epoch == 2;
+    std::vector<data::Batch> mine(loader.begin(), loader.end());
+    std::vector<data::Batch> whole(ref_loader.begin(), ref_loader.end());
+    for (size_t k = 0; k < mine.size(); ++k) {
+      const bool first_half = accumulate && k % 2 == 0;
+      if (!accumulate || first_half) {
+        side.zero_grad();
+        ref_opt.zero_grad();
+      }
+      nn::cross_entropy(reference.forward(whole[k].features()), whole[k].targets()).backward();
+      Tensor loss = nn::cross_entropy(model.forward(mine[k].features()), mine[k].targets());
+      if (first_half) {
+        auto guard = ddp.no_sync();
+        ddp.backward(loss);
+        continue;
+      }
+      ddp.backward(loss);
+      side.after_backward();
+      side.step();
+      ref_opt.step();
+      ddp.check_parameters_in_sync();  // bit-identical on every rank after every step
+      worst = std::max(worst, max_difference(reference.parameters(), model.parameters()));
+      ++steps;
+    }
+  }
+  return {steps, worst};
+}
+
+void ddp(dist::Communicator& c) {
+  const int R = c.size(), r = c.rank();
   // The reference: one process, batch R*B, starting from rank 0's initial weights.
   manual_seed(100);
   auto reference = mlp();
@@ -165,40 +218,9 @@ void ddp(dist::Communicator& c) {
 
   optim::SGD ref_opt(reference->parameters(), {.lr = 0.05, .momentum = 0.9});
   optim::SGD opt(model->parameters(), {.lr = 0.05, .momentum = 0.9});
-  data::DataLoader ref_loader(dataset, {.batch_size = R * B, .shuffle = true, .seed = 11});
-  auto sampler =
-      std::make_shared<dist::DistributedSampler>(n, c, dist::DistributedSamplerOptions{.seed = 11});
-  data::DataLoader loader(dataset, {.batch_size = B, .sampler = sampler});
-  expect(loader.num_batches() == ref_loader.num_batches(), "same number of steps");
-
-  int steps = 0;
-  double worst = 0;
-  for (int epoch = 0; epoch < 3; ++epoch) {
-    // Epoch 2 accumulates two batches per step, under no_sync for the first.
-    const bool accumulate = epoch == 2;
-    std::vector<data::Batch> mine(loader.begin(), loader.end());
-    std::vector<data::Batch> whole(ref_loader.begin(), ref_loader.end());
-    for (size_t k = 0; k < mine.size(); ++k) {
-      const bool first_half = accumulate && k % 2 == 0;
-      if (!accumulate || first_half) {
-        opt.zero_grad();
-        ref_opt.zero_grad();
-      }
-      nn::cross_entropy(reference->forward(whole[k].features()), whole[k].targets()).backward();
-      Tensor loss = nn::cross_entropy(model->forward(mine[k].features()), mine[k].targets());
-      if (first_half) {
-        auto guard = ddp.no_sync();
-        ddp.backward(loss);
-        continue;
-      }
-      ddp.backward(loss);
-      opt.step();
-      ref_opt.step();
-      ddp.check_parameters_in_sync();  // bit-identical on every rank after every step
-      worst = std::max(worst, max_difference(reference->parameters(), model->parameters()));
-      ++steps;
-    }
-  }
+  const auto [steps, worst] = train_against_one_process(
+      c, *reference, ref_opt, *model, ddp,
+      {.zero_grad = [&] { opt.zero_grad(); }, .step = [&] { opt.step(); }});
   // Sums over R*B examples in another order: float32 reassociation only.
   expect(worst <= 1e-5, "parameters differ from the single-process reference by " +
                             std::to_string(worst) + " (tolerance 1e-5)");
@@ -280,9 +302,6 @@ void zero(dist::Communicator& c) {
 // parameters agree within float32 reassociation, and are bit-identical across ranks.
 void zero2(dist::Communicator& c) {
   const int R = c.size(), r = c.rank();
-  const int64_t B = 4, n = 64;
-  manual_seed(42);
-  data::TensorDataset dataset(randn({n, 8}), randint(0, 4, {n}));
   manual_seed(100);
   auto reference = mlp();
   manual_seed(100 + r);
@@ -293,49 +312,25 @@ void zero2(dist::Communicator& c) {
   };
   dist::ZeroRedundancyOptimizer opt(ddp, adam, {.stage = 2});
   optim::Adam ref_opt(reference->parameters(), {.lr = 0.01});
-  data::DataLoader ref_loader(dataset, {.batch_size = R * B, .shuffle = true, .seed = 11});
-  auto sampler =
-      std::make_shared<dist::DistributedSampler>(n, c, dist::DistributedSamplerOptions{.seed = 11});
-  data::DataLoader loader(dataset, {.batch_size = B, .sampler = sampler});
 
   int64_t total = 0;
   for (const Tensor& p : model->parameters()) total += p.numel();
   const double whole_bytes = static_cast<double>(total * 4);
-  int steps = 0;
-  double worst = 0;
   size_t most_grad = 0, most_state = 0;
-  for (int epoch = 0; epoch < 3; ++epoch) {
-    const bool accumulate = epoch == 2;
-    std::vector<data::Batch> mine(loader.begin(), loader.end());
-    std::vector<data::Batch> whole(ref_loader.begin(), ref_loader.end());
-    for (size_t k = 0; k < mine.size(); ++k) {
-      const bool first_half = accumulate && k % 2 == 0;
-      if (!accumulate || first_half) {
-        opt.zero_grad();
-        ref_opt.zero_grad();
-      }
-      nn::cross_entropy(reference->forward(whole[k].features()), whole[k].targets()).backward();
-      Tensor loss = nn::cross_entropy(model->forward(mine[k].features()), mine[k].targets());
-      if (first_half) {
-        auto guard = ddp.no_sync();
-        ddp.backward(loss);
-        continue;
-      }
-      ddp.backward(loss);
-      // The full gradients are gone; this rank holds its block of their average.
-      for (const Tensor& p : model->parameters())
-        expect(!p.grad().defined(), "a parameter kept its full gradient under ZeRO-2");
-      const std::vector<memory::RankBytes> held = memory::rank_bytes();
-      expect(held.size() == 2 && held[1].holder == "ZeRO-2", "ZeRO-2 reports its bytes");
-      most_grad = std::max(most_grad, held[1].gradients);
-      most_state = std::max(most_state, *held[1].optimizer_state);
-      opt.step();
-      ref_opt.step();
-      ddp.check_parameters_in_sync();
-      worst = std::max(worst, max_difference(reference->parameters(), model->parameters()));
-      ++steps;
-    }
-  }
+  const auto [steps, worst] = train_against_one_process(
+      c, *reference, ref_opt, *model, ddp,
+      {.zero_grad = [&] { opt.zero_grad(); },
+       .step = [&] { opt.step(); },
+       .after_backward =
+           [&] {
+             // The full gradients are gone; this rank holds its block of their average.
+             for (const Tensor& p : model->parameters())
+               expect(!p.grad().defined(), "a parameter kept its full gradient under ZeRO-2");
+             const std::vector<memory::RankBytes> held = memory::rank_bytes();
+             expect(held.size() == 2 && held[1].holder == "ZeRO-2", "ZeRO-2 reports its bytes");
+             most_grad = std::max(most_grad, held[1].gradients);
+             most_state = std::max(most_state, *held[1].optimizer_state);
+           }});
   expect(worst <= 1e-5, "ZeRO-2 parameters differ from the single-process reference by " +
                             std::to_string(worst) + " (tolerance 1e-5)");
   // Targets of issue 28: gradients and (Adam's two moments of) the state at most 1/N + 5%.
