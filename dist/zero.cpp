@@ -157,17 +157,25 @@ void ZeroRedundancyOptimizer::reduce_gradients() {
   }
   for (size_t i = 0; i < flats.size(); ++i) {
     FlatGroup& g = *reduced[i];
+    const bool alone = comm_->size() == 1;  // the flat vector is already the average
     if (options_.stage == 1) {
-      // The whole average: every parameter gets its gradient back (as from DataParallel).
-      const Tensor average = comm_->all_reduce(flats[i], ReduceOp::Average);
+      // The whole average: every parameter gets its gradient back (as from DataParallel),
+      // as a lazy slice that costs nothing unless read (gradient clipping reads it); the
+      // block's gradient is copied out once, and step() uses it while the parameters still
+      // hold these gradients.
+      const Tensor average = alone ? flats[i] : comm_->all_reduce(flats[i], ReduceOp::Average);
       flats[i] = Tensor();
+      g.grads_given.clear();
       for (size_t m = 0; m < g.members.size(); ++m) {
         Tensor& p = params_[g.members[m]];
-        p.set_grad(detail::flat_slice(average, g.offsets[m], p.shape()));
+        const int64_t start = g.offsets[m];
+        p.set_grad(reshape(slice(average, 0, start, start + p.numel()), p.shape()));
+        g.grads_given.push_back(p.grad().node());
       }
+      g.block.set_grad(detail::flat_slice(average, g.shard * comm_->rank(), {g.shard}));
       continue;
     }
-    const Tensor mine = comm_->reduce_scatter(flats[i], ReduceOp::Average);
+    const Tensor mine = alone ? flats[i] : comm_->reduce_scatter(flats[i], ReduceOp::Average);
     flats[i] = Tensor();  // the full flat gradient goes back to the pool here
     const Tensor held = g.block.grad();
     g.block.set_grad(held.defined() ? (held + mine).eval() : mine);
@@ -180,9 +188,14 @@ void ZeroRedundancyOptimizer::step() {
   {
     NoGradGuard no_grad;
     if (options_.stage == 1) {
-      // This rank's block of the averaged gradients; groups where no parameter has one are
-      // not updated (as the unsharded optimizer skips such parameters).
+      // This rank's block of the averaged gradients, unless reduce_gradients() made it from
+      // the gradients the parameters still hold; groups where no parameter has one are not
+      // updated (as the unsharded optimizer skips such parameters).
       for (FlatGroup& g : groups_) {
+        bool given = g.grads_given.size() == g.members.size();
+        for (size_t m = 0; given && m < g.members.size(); ++m)
+          given = g.grads_given[m].lock() == params_[g.members[m]].grad().node();
+        if (given) continue;
         std::vector<Tensor> pieces;
         bool any = false;
         for (size_t k : g.members) {
@@ -198,7 +211,7 @@ void ZeroRedundancyOptimizer::step() {
   local_->step();
   NoGradGuard no_grad;
   for (FlatGroup& g : groups_) {
-    const Tensor whole = comm_->all_gather(g.block);
+    const Tensor whole = comm_->size() == 1 ? g.block : comm_->all_gather(g.block);
     for (size_t i = 0; i < g.members.size(); ++i) {
       Tensor& p = params_[g.members[i]];
       p.assign(detail::flat_slice(whole, g.offsets[i], p.shape()));

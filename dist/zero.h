@@ -100,6 +100,9 @@ class ZeroRedundancyOptimizer {
     int64_t total = 0;
     int64_t shard = 0;
     Tensor block;  // this rank's block: the parameter its optimizer updates
+    // Stage 1: the gradients reduce_gradients() gave the members, from which the block's
+    // gradient was taken (a member's new gradient means it must be taken again).
+    std::vector<std::weak_ptr<Node>> grads_given;
   };
   // Elements [start, start + count) of `pieces` (one per member) laid end to end and
   // padded with zeros, as a flat tensor of the group's dtype and device (dist/flat.h).
