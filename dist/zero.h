@@ -44,6 +44,8 @@ struct ZeroOptions {
   int stage = 1;
 };
 
+/// An optimizer whose state (stage 1) and gradients (stage 2) are sharded across the ranks
+/// of a job; every rank holds the whole parameters (see the top of this file).
 class ZeroRedundancyOptimizer {
  public:
   /// Makes the optimizer of one rank's blocks (one flat tensor per dtype and device).
