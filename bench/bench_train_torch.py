@@ -49,6 +49,7 @@ def main():
     import torch
     import torch.nn as nn
     import torch.nn.functional as F
+    from torch_models import TinyGPT  # bench/, the directory of this script
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
@@ -112,22 +113,6 @@ def main():
         model = CharLSTM()
         opt = torch.optim.Adam(model.parameters(), lr=1e-3)
         return lm_step(maybe_compile(model), opt, 128, 32, 64)
-
-    class TinyGPT(nn.Module):
-        def __init__(self, vocab=128, d=256, heads=4, layers=2, seq=128):
-            super().__init__()
-            self.embed = nn.Embedding(vocab, d)
-            self.pos = nn.Embedding(seq, d)
-            layer = nn.TransformerEncoderLayer(d, heads, dim_feedforward=4 * d, dropout=0.1,
-                                               batch_first=True, norm_first=True)
-            self.blocks = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
-            self.head = nn.Linear(d, vocab)
-            self.register_buffer("mask", nn.Transformer.generate_square_subsequent_mask(seq))
-
-        def forward(self, tokens):
-            t = tokens.shape[1]
-            h = self.embed(tokens) + self.pos(torch.arange(t))
-            return self.head(self.blocks(h, mask=self.mask[:t, :t], is_causal=True))
 
     def transformer():
         model = TinyGPT()

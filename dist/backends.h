@@ -22,4 +22,9 @@ int checked_count(int64_t count, const std::string& what);
 /// The timeout of one collective in seconds (KILN_DIST_TIMEOUT, default 300).
 double timeout_seconds();
 
+/// A new evaluated constant tensor holding `buffer` (the results of collectives, and the
+/// flat vectors ZeRO packs by copying).
+Tensor constant_from(std::shared_ptr<Buffer> buffer, const Shape& shape, DType dtype,
+                     Device device);
+
 }  // namespace kiln::dist::detail

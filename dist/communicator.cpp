@@ -40,17 +40,6 @@ void check_reduction(const char* op, const Tensor& x, ReduceOp reduce) {
   }
 }
 
-// A new evaluated constant holding `buffer`: results never join the lazy graph (see the
-// header), so later graphs read them like any other constant.
-Tensor constant_from(std::shared_ptr<Buffer> buffer, const Shape& shape, DType dtype,
-                     Device device) {
-  auto node =
-      std::make_shared<Node>(OpCode::Constant, std::vector<NodePtr>{}, shape, dtype, device);
-  node->origin = "dist";
-  node->buffer = std::move(buffer);
-  return Tensor(std::move(node));
-}
-
 // The evaluated input and a fresh output buffer, with the pointers a backend reads and
 // writes. CUDA buffers are pinned on the device (Buffer::Use) until the collective is done.
 struct Operands {
@@ -99,6 +88,17 @@ void finish(Communicator& c, std::unique_ptr<Work> work, Operands& o, const std:
 }
 
 }  // namespace
+
+// Results never join the lazy graph (see the header), so later graphs read them like any
+// other constant.
+Tensor detail::constant_from(std::shared_ptr<Buffer> buffer, const Shape& shape, DType dtype,
+                             Device device) {
+  auto node =
+      std::make_shared<Node>(OpCode::Constant, std::vector<NodePtr>{}, shape, dtype, device);
+  node->origin = "dist";
+  node->buffer = std::move(buffer);
+  return Tensor(std::move(node));
+}
 
 struct PendingTensor::State {
   Communicator* comm = nullptr;
@@ -229,7 +229,7 @@ PendingTensor Communicator::all_reduce_async(const Tensor& x, ReduceOp op) {
   state->what = "all_reduce of " + describe(x);
   state->input = o.input;
   state->uses = std::move(o.uses);
-  state->result = constant_from(o.output, x.shape(), x.dtype(), x.device());
+  state->result = detail::constant_from(o.output, x.shape(), x.dtype(), x.device());
   return PendingTensor(std::move(state));
 }
 
@@ -248,7 +248,7 @@ Tensor Communicator::reduce_scatter(const Tensor& x, ReduceOp op) {
   Operands o = prepare(x, static_cast<size_t>(count) * itemsize(x.dtype()));
   auto work = c->start_reduce_scatter(o.in, o.out, count, x.dtype(), op);
   finish(*c, std::move(work), o, "reduce_scatter of " + describe(x));
-  return constant_from(o.output, shape, x.dtype(), x.device());
+  return detail::constant_from(o.output, shape, x.dtype(), x.device());
 }
 
 Tensor Communicator::all_gather(const Tensor& x) {
@@ -268,7 +268,7 @@ Tensor Communicator::all_gather(const Tensor& x) {
   Operands o = prepare(x, static_cast<size_t>(bytes) * static_cast<size_t>(size()));
   auto work = c->start_all_gather(o.in, o.out, bytes);
   finish(*c, std::move(work), o, "all_gather of " + describe(x));
-  return constant_from(o.output, shape, x.dtype(), x.device());
+  return detail::constant_from(o.output, shape, x.dtype(), x.device());
 }
 
 Tensor Communicator::broadcast(const Tensor& x, int root) {
@@ -285,7 +285,7 @@ Tensor Communicator::broadcast(const Tensor& x, int root) {
   Operands o = prepare(x, static_cast<size_t>(bytes));
   auto work = c->start_broadcast(o.in, o.out, bytes, root);
   finish(*c, std::move(work), o, "broadcast of " + describe(x));
-  return constant_from(o.output, x.shape(), x.dtype(), x.device());
+  return detail::constant_from(o.output, x.shape(), x.dtype(), x.device());
 }
 
 void Communicator::barrier() {

@@ -3,7 +3,9 @@
 #include <cstring>
 #include <string>
 
+#include "../memory/rank_bytes.h"
 #include "../ops/ops.h"
+#include "flat.h"
 
 namespace kiln::dist {
 namespace {
@@ -53,7 +55,22 @@ DataParallel::DataParallel(nn::Module& module, Communicator& comm, DataParallelO
     buckets_.back().push_back(k);
     bytes += b;
   }
+
+  report_id_ = memory::add_rank_bytes_source([this] {
+    memory::RankBytes r;
+    r.holder = "DataParallel";
+    r.rank = comm_->rank();
+    r.ranks = comm_->size();
+    for (const Tensor& p : params_) {
+      r.parameters += p.node()->nbytes();
+      const Tensor g = p.grad();
+      if (g.defined()) r.gradients += g.node()->nbytes();
+    }
+    return r;
+  });
 }
+
+DataParallel::~DataParallel() { memory::remove_rank_bytes_source(report_id_); }
 
 // Ranks whose modules differ would exchange buffers of different sizes; a signature of
 // every parameter's dtype, shape and device, compared first, names the problem instead.
@@ -93,36 +110,47 @@ void DataParallel::backward(const Tensor& loss) {
 }
 
 void DataParallel::synchronize_gradients() {
-  if (!synchronizing() || comm_->size() == 1) return;
+  if (!synchronizing()) return;
+  if (reducer_) {
+    reducer_();
+    return;
+  }
+  if (comm_->size() == 1) return;
   NoGradGuard no_grad;
-  // Each bucket is one flat tensor: concat of the flattened gradients, computed in the same
-  // evaluation as the backward pass (one graph: the concat reads the gradients as they are
-  // produced). The executor runs that graph as a whole, so communication starts once the
-  // whole backward pass is done; the buckets' all-reduces then run concurrently.
-  std::vector<Tensor> flats;
-  flats.reserve(buckets_.size());
-  for (const auto& bucket : buckets_) {
-    std::vector<Tensor> pieces;
-    for (size_t k : bucket) {
+  // One evaluation computes every gradient (the backward pass: the executor runs it as a
+  // whole, so communication starts once it is done); each bucket's gradients are then
+  // copied into one flat message (dist/flat.h), and the buckets' all-reduces run
+  // concurrently.
+  std::vector<std::vector<Tensor>> grads(buckets_.size());
+  std::vector<Tensor> all;
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    for (size_t k : buckets_[b]) {
       const Tensor& p = params_[k];
       Tensor g = p.grad();
       if (!g.defined()) g = zeros_like(p);
       if (g.dtype() != p.dtype()) g = cast(g, p.dtype());
-      pieces.push_back(reshape(g, {p.numel()}));
+      grads[b].push_back(g);
+      all.push_back(g);
     }
-    flats.push_back(pieces.size() == 1 ? pieces[0] : concat(pieces, 0));
   }
-  eval(flats);
+  eval(all);
+  all.clear();
   std::vector<PendingTensor> pending;
-  pending.reserve(flats.size());
-  for (const Tensor& flat : flats)
+  pending.reserve(buckets_.size());
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    const Tensor& first = params_[buckets_[b].front()];
+    int64_t count = 0;
+    for (const Tensor& g : grads[b]) count += g.numel();
+    const Tensor flat = detail::flat_range(grads[b], 0, count, first.dtype(), first.device());
+    grads[b].clear();
     pending.push_back(comm_->all_reduce_async(flat, ReduceOp::Average));
+  }
   for (size_t b = 0; b < buckets_.size(); ++b) {
     const Tensor average = pending[b].wait();
     int64_t offset = 0;
     for (size_t k : buckets_[b]) {
       Tensor& p = params_[k];
-      p.set_grad(reshape(slice(average, 0, offset, offset + p.numel()), p.shape()));
+      p.set_grad(detail::flat_slice(average, offset, p.shape()));
       offset += p.numel();
     }
   }

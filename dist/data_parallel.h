@@ -12,6 +12,7 @@
 //   }
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "../frontend/nn/module.h"
@@ -36,14 +37,21 @@ class DataParallel {
  public:
   explicit DataParallel(nn::Module& module, Communicator& comm = world(),
                         DataParallelOptions options = {});
+  ~DataParallel();
+  DataParallel(const DataParallel&) = delete;
+  DataParallel& operator=(const DataParallel&) = delete;
 
   /// loss.backward(), then synchronize_gradients() unless a no_sync() guard is alive.
   void backward(const Tensor& loss);
   /// Replaces every parameter's gradient by its average over the ranks, bucket by bucket
   /// (one evaluation produces all buckets, whose all-reduces then run concurrently). A
   /// parameter without a gradient on this rank contributes zeros and gets the average.
-  /// Does nothing while a no_sync() guard is alive.
+  /// Does nothing while a no_sync() guard is alive. With a gradient reducer set, calls it
+  /// instead.
   void synchronize_gradients();
+  /// Hands gradient synchronisation to `reduce` (ZeRO stage 2 reduce-scatters into its
+  /// shards); nullptr restores the bucketed all-reduce.
+  void set_gradient_reducer(std::function<void()> reduce) { reducer_ = std::move(reduce); }
 
   /// While alive, backward() accumulates gradients locally without communicating (gradient
   /// accumulation); the first backward() after it averages what was accumulated.
@@ -77,6 +85,8 @@ class DataParallel {
   /// Parameter indices (into module.parameters()) of each bucket, in reduction order.
   const std::vector<std::vector<size_t>>& buckets() const { return buckets_; }
   Communicator& communicator() const { return *comm_; }
+  /// The wrapped module's parameters (the handles the optimizer updates).
+  const std::vector<Tensor>& parameters() const { return params_; }
 
  private:
   void check_same_model();
@@ -87,6 +97,8 @@ class DataParallel {
   std::vector<Tensor> params_;
   std::vector<std::vector<size_t>> buckets_;
   int no_sync_depth_ = 0;
+  std::function<void()> reducer_;
+  int report_id_ = 0;  // memory::rank_bytes source
 };
 
 }  // namespace kiln::dist

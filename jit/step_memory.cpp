@@ -3,25 +3,19 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
-#include <cstring>
-#include <limits>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <unordered_map>
 
 #include "../core/error.h"
 #include "../core/settings.h"
-#include "../memory/arena_fit.h"
-#include "../memory/arena_plan.h"
 #include "../memory/budget.h"
 #include "../memory/caching_pool.h"
 #include "../memory/device_pools.h"
 #include "../memory/host_pool.h"
 #include "../memory/memory.h"
 #include "../memory/plan_report.h"
-#include "../memory/recompute_planner.h"
-#include "../memory/schedule_order.h"
+#include "../memory/plan_step.h"
 #include "../memory/step_graph_file.h"
 #include "../memory/step_record.h"
 
@@ -77,24 +71,61 @@ struct StepTables {
 // The groups in the order they run (see updates_last).
 using Schedule = std::vector<const FusionGroup*>;
 
-// Marks, per kernel, an input whose buffer its output may take over: one it reads for the
-// last time, only at its own output element, on its device, that nothing must keep.
-void assign_in_place(StepTables& t, const Schedule& groups) {
-  std::vector<int> last_read(t.nodes.size(), -1);
-  for (size_t k = 0; k < groups.size(); ++k)
-    for (int v : t.graph.kernels[k].inputs) last_read[static_cast<size_t>(v)] = static_cast<int>(k);
+// The nodes `group` may read at another element than the output's: every input of a
+// reindex member, and what reaches it through elementwise members inside the group. A
+// reduction inside the group is a row stage (lowering makes it one or refuses): it reads
+// the row it is computed for, before the row's elements are written, and those elements
+// share the output's shape, so through elementwise ops it reads only that row.
+std::unordered_set<const Node*> read_off_index(const FusionGroup& group) {
+  std::unordered_set<const Node*> inside(group.members.begin(), group.members.end());
+  std::unordered_set<const Node*> read, seen;
+  std::vector<const Node*> stack;
+  for (const Node* m : group.members)
+    if (op_family(m->op) != OpFamily::Elementwise && m->op != OpCode::ReindexReduce)
+      stack.push_back(m);
+  while (!stack.empty()) {
+    const Node* m = stack.back();
+    stack.pop_back();
+    for (const NodePtr& in : m->inputs) {
+      read.insert(in.get());
+      if (inside.count(in.get()) && in->op != OpCode::ReindexReduce && seen.insert(in.get()).second)
+        stack.push_back(in.get());
+    }
+  }
+  return read;
+}
+
+// reads_at_output_index, with the group's read_off_index computed once for all its inputs
+// (`off_index` holds it after the first call that needs it).
+bool reads_at_output_index(const FusionGroup& group, const Node* input,
+                           std::optional<std::unordered_set<const Node*>>& off_index) {
+  const Node* root = group.root;
+  // An accumulation adds the product into its input element by element.
+  if (group.library)
+    return group.gemm.sum && input == group.gemm.accumulate && input->nbytes() == root->nbytes();
+  if (op_family(root->op) != OpFamily::Elementwise || input->shape != root->shape ||
+      input->nbytes() != root->nbytes())
+    return false;
+  if (!off_index) off_index = read_off_index(group);
+  return off_index->count(input) == 0;
+}
+
+// Lists, per kernel, the inputs whose buffer its output may take over if it reads them
+// last: on its device, read only at its own output element, and not kept by anything.
+// The planner picks among them for the order the kernels run in (memory::assign_in_place).
+void list_in_place_candidates(StepTables& t, const Schedule& groups) {
   for (size_t k = 0; k < groups.size(); ++k) {
     const FusionGroup& g = *groups[k];
     if (g.root->op == OpCode::Transfer) continue;
-    for (int v : t.graph.kernels[k].inputs) {
+    PlanKernel& pk = t.graph.kernels[k];
+    std::optional<std::unordered_set<const Node*>> off_index;
+    for (int v : pk.inputs) {
       const PlanValue& pv = t.graph.values[static_cast<size_t>(v)];
       Node* n = t.nodes[static_cast<size_t>(v)];
-      if (pv.output || last_read[static_cast<size_t>(v)] != static_cast<int>(k) ||
-          n->device != g.root->device || (pv.producer < 0 && !pv.releasable_leaf) ||
-          !reads_at_output_index(g, n))
+      if (pv.output || n->device != g.root->device || (pv.producer < 0 && !pv.releasable_leaf) ||
+          !reads_at_output_index(g, n, off_index))
         continue;
-      t.graph.kernels[k].in_place_input = v;
-      break;
+      pk.in_place_candidates.push_back(v);
     }
   }
 }
@@ -170,7 +201,8 @@ StepTables build_tables(const Schedule& groups, const std::unordered_set<Node*>&
         t.graph.values[static_cast<size_t>(id.at(n))].releasable_leaf = true;
   }
 
-  assign_in_place(t, groups);
+  list_in_place_candidates(t, groups);
+  memory::assign_in_place(t.graph);
   t.graph.start_bytes = pool_of(t.device).allocated();
   return t;
 }
@@ -192,7 +224,8 @@ size_t updated_tensors(const StepTables& t) {
 // pass: other kernels that gradients do not flow through but that read what they do,
 // directly or through such kernels. The rest, data and initial values made for the step
 // included, is the forward pass. A step through which no gradient flows is all forward.
-std::vector<memory::StepPhase> kernel_phases(const StepTables& t, const Schedule& groups) {
+std::vector<memory::StepPhase> kernel_phases(const memory::StepGraph& graph, const StepTables& t,
+                                             const Schedule& groups) {
   const size_t n = groups.size();
   std::vector<memory::StepPhase> phases(n, memory::StepPhase::Forward);
   auto flows = [](const Node* node) { return node->requires_grad && !node->grad_leaf; };
@@ -202,8 +235,8 @@ std::vector<memory::StepPhase> kernel_phases(const StepTables& t, const Schedule
   std::vector<char> after_gradients(n, 0), reads_replaced(n, 0);
   std::vector<std::vector<size_t>> readers(n);
   for (size_t k = 0; k < n; ++k) {
-    for (int v : t.graph.kernels[k].inputs) {
-      const int producer = t.graph.values[static_cast<size_t>(v)].producer;
+    for (int v : graph.kernels[k].inputs) {
+      const int producer = graph.values[static_cast<size_t>(v)].producer;
       const Node* node = t.nodes[static_cast<size_t>(v)];
       reads_replaced[k] |= node->replaced;
       after_gradients[k] |=
@@ -225,28 +258,16 @@ std::vector<memory::StepPhase> kernel_phases(const StepTables& t, const Schedule
   return phases;
 }
 
-// The tables for the same kernels run in another order (`perm` from schedule_order; the
-// groups already permuted): value ids stay, producers move, in-place candidates change
-// with the last reads.
-void reorder_tables(StepTables& t, const Schedule& groups, const std::vector<int>& perm) {
-  const std::vector<int> old_ids = memory::inverse_permutation(perm);
-  std::vector<PlanKernel> kernels;
-  kernels.reserve(perm.size());
-  for (int k : perm) kernels.push_back(std::move(t.graph.kernels[static_cast<size_t>(k)]));
-  t.graph.kernels = std::move(kernels);
-  for (PlanValue& v : t.graph.values)
-    if (v.producer >= 0) v.producer = old_ids[static_cast<size_t>(v.producer)];
-  for (PlanKernel& k : t.graph.kernels) k.in_place_input = -1;
-  assign_in_place(t, groups);
-}
-
 // Runs the planner's actions on the real nodes and records what happened.
 class JitMachine final : public memory::StepMachine {
  public:
   // `arena`, when given, places outputs at `plan`'s offsets in the arena at that base.
-  JitMachine(const Schedule& groups, const StepTables& t, const GroupRunner& run, bool record,
-             const memory::ArenaPlan* plan = nullptr, void* arena = nullptr)
+  // `graph` is the tables in the order `groups` run (the StepPlan's).
+  JitMachine(const Schedule& groups, const memory::StepGraph& graph, const StepTables& t,
+             const GroupRunner& run, bool record, const memory::ArenaPlan* plan = nullptr,
+             void* arena = nullptr)
       : groups_(groups),
+        graph_(graph),
         t_(t),
         run_(run),
         pool_(pool_of(t.device)),
@@ -255,8 +276,8 @@ class JitMachine final : public memory::StepMachine {
         arena_(arena),
         evictions_(t.nodes.size(), 0),
         rebuilds_(t.nodes.size(), 0),
-        runs_(t.graph.kernels.size(), 0),
-        seconds_(t.graph.kernels.size(), -1.0) {}
+        runs_(graph.kernels.size(), 0),
+        seconds_(graph.kernels.size(), -1.0) {}
 
   size_t in_use() override { return pool_.allocated(); }
 
@@ -267,7 +288,7 @@ class JitMachine final : public memory::StepMachine {
 
   void run(int k, bool recompute, bool in_place) override {
     const FusionGroup& g = *groups_[static_cast<size_t>(k)];
-    const PlanKernel& pk = t_.graph.kernels[static_cast<size_t>(k)];
+    const PlanKernel& pk = graph_.kernels[static_cast<size_t>(k)];
     Node* donor = in_place ? t_.nodes[static_cast<size_t>(pk.in_place_input)] : nullptr;
     follow_plan(k);
     bool reused = false;
@@ -275,7 +296,7 @@ class JitMachine final : public memory::StepMachine {
     // strayed from the plan would ask): it would hold the arena's block after the step.
     const bool arena_donor = donor && in_arena_[static_cast<size_t>(pk.in_place_input)];
     if (donor && donor->buffer && donor->buffer.use_count() == 1 && !g.root->device.is_cuda() &&
-        !(arena_donor && t_.graph.values[static_cast<size_t>(pk.output)].output)) {
+        !(arena_donor && graph_.values[static_cast<size_t>(pk.output)].output)) {
       g.root->buffer = donor->buffer;  // the donor still reads it during the kernel
       reused = true;
     }
@@ -293,7 +314,7 @@ class JitMachine final : public memory::StepMachine {
     if (donor) {
       donor->buffer.reset();  // taken over, or (on CUDA) released once the kernel has read it
       ++in_place_;
-      if (t_.graph.values[static_cast<size_t>(pk.in_place_input)].producer < 0) {
+      if (graph_.values[static_cast<size_t>(pk.in_place_input)].producer < 0) {
         donor->donated = true;
         ++donated_;
         ++released_leaves_;
@@ -305,14 +326,14 @@ class JitMachine final : public memory::StepMachine {
       seconds_[static_cast<size_t>(k)] = (us() - start) * 1e-6;
     if (record_)
       events_.push_back({recompute ? StepEvent::Kind::Recompute : StepEvent::Kind::Run, k,
-                         pk.output, t_.graph.values[static_cast<size_t>(pk.output)].bytes,
+                         pk.output, graph_.values[static_cast<size_t>(pk.output)].bytes,
                          pool_.allocated(), reused || (donor != nullptr), start, us()});
   }
 
   void release(int v, bool evict) override {
     Node* n = t_.nodes[static_cast<size_t>(v)];
     n->buffer.reset();
-    if (t_.graph.values[static_cast<size_t>(v)].producer < 0) {
+    if (graph_.values[static_cast<size_t>(v)].producer < 0) {
       n->donated = true;
       ++released_leaves_;
     }
@@ -320,8 +341,8 @@ class JitMachine final : public memory::StepMachine {
     if (record_) {
       const double now = us();
       events_.push_back({evict ? StepEvent::Kind::Evict : StepEvent::Kind::Free, -1, v,
-                         t_.graph.values[static_cast<size_t>(v)].bytes, pool_.allocated(), false,
-                         now, now});
+                         graph_.values[static_cast<size_t>(v)].bytes, pool_.allocated(), false, now,
+                         now});
     }
   }
 
@@ -366,6 +387,7 @@ class JitMachine final : public memory::StepMachine {
   }
 
   const Schedule& groups_;
+  const memory::StepGraph& graph_;
   const StepTables& t_;
   const GroupRunner& run_;
   memory::CachingPool& pool_;
@@ -385,27 +407,20 @@ class JitMachine final : public memory::StepMachine {
   std::vector<int> in_place_kernels_;
 };
 
-[[noreturn]] void raise_over_budget(const StepTables& t, const Schedule& groups,
-                                    const memory::PlannerOptions& options,
-                                    const memory::StepPlan& plan, size_t tail) {
-  memory::PlannerOptions none = options;
-  none.budget = 0;
-  const size_t unplanned = memory::plan_step(t.graph, none).peak;
-  // Any kernel order may be the one that fits.
-  size_t smallest = std::numeric_limits<size_t>::max();
-  for (memory::ScheduleOrder order : memory::all_orders())
-    smallest = std::min(
-        smallest,
-        memory::smallest_feasible_budget(
-            memory::reorder(t.graph, memory::schedule_order(t.graph, order, tail)), options));
+// The error for a budget the step cannot be planned within, with the planner's figures
+// (memory::StepPlan) in terms of the step's kernels and values.
+[[noreturn]] void raise_over_budget(const StepTables& t, const memory::StepPlan& step,
+                                    const Schedule& groups, size_t budget) {
+  const memory::StepGraph& graph = step.graph;
+  const memory::RecomputePlan& plan = *step.actions;
+  const size_t unplanned = step.unplanned_peak, smallest = step.smallest_budget;
+  const int at = step.bound_kernel;
   const std::string pool = pool_of(t.device).name();
-  int at = -1;
-  memory::lower_bound(t.graph, &at);
   std::string where;
   if (at >= 0) {
-    const memory::PlanKernel& k = t.graph.kernels[static_cast<size_t>(at)];
+    const memory::PlanKernel& k = graph.kernels[static_cast<size_t>(at)];
     size_t in = 0;
-    for (int v : k.inputs) in += t.graph.values[static_cast<size_t>(v)].bytes;
+    for (int v : k.inputs) in += graph.values[static_cast<size_t>(v)].bytes;
     where = "; the bound is reached at kernel " + std::to_string(at) + " (" +
             kernel_name(*groups[static_cast<size_t>(at)]) + ", " + std::to_string(k.inputs.size()) +
             " inputs of " + memory::format_bytes(in) + ", output " +
@@ -419,14 +434,14 @@ class JitMachine final : public memory::StepMachine {
             "or sampling does)";
   throw OutOfMemoryError(
       "[memory] " + what + " cannot run within the memory budget of " +
-      memory::format_bytes(options.budget) + " on the " + pool + ": it needs at least " +
+      memory::format_bytes(budget) + " on the " + pool + ": it needs at least " +
       memory::format_bytes(plan.lower_bound) + " (lower bound: what is resident when it starts, " +
-      memory::format_bytes(t.graph.start_bytes) + ", plus the largest working set of one kernel" +
+      memory::format_bytes(graph.start_bytes) + ", plus the largest working set of one kernel" +
       where +
       "), and the smallest budget the planner "
       "fits it into is " +
       memory::format_bytes(smallest) + " (" + std::to_string(smallest) + " bytes; unplanned peak " +
-      memory::format_bytes(unplanned) + ", " + std::to_string(t.graph.kernels.size()) +
+      memory::format_bytes(unplanned) + ", " + std::to_string(graph.kernels.size()) +
       " kernels; at this budget: " + plan.failure +
       "). Raise the budget (kiln::memory::set_budget, KILN_MEMORY_BUDGET) or make "
       "the step smaller" +
@@ -461,163 +476,6 @@ Schedule updates_last(const FusionPlan& plan, const std::unordered_set<Node*>& o
   return order;
 }
 
-// What kiln learns about a step that repeats (a training loop): the kernels' measured run
-// times and the kernel order chosen with them, keyed by the step's tables. Costs estimated
-// from bytes and flops miss launch and threading overheads, which dominate small kernels;
-// plans made with measured times choose better victims and report extra work truthfully.
-struct StepProfile {
-  std::vector<double> seconds;  ///< Per kernel in the given order: fastest run seen.
-  int measured = 0;             ///< Steps that contributed to `seconds`.
-  int ordered_with = -1;        ///< `measured` when `order` was chosen (-1: not yet).
-  memory::ScheduleOrder order = memory::ScheduleOrder::Given;
-  uint64_t arena_for = 0;  ///< Hash of the actions and sizes `arena` was planned for.
-  std::shared_ptr<const memory::ArenaPlan> arena;
-  /// The plan made once the costs stopped changing, and the kernel order it is for: the
-  /// same tables, costs and budget always give the same plan, so later steps reuse it.
-  std::shared_ptr<const memory::StepPlan> plan;
-  memory::ScheduleOrder plan_order = memory::ScheduleOrder::Given;
-  /// What else the plan was made for: the bytes resident at the start and the budget planned
-  /// against (the plan margin included), which the tables do not say.
-  size_t plan_start = 0, plan_budget = 0;
-  /// The budget execution decides against with this plan: the user's, or a tighter one
-  /// the plan was found at (see run_with_memory_plan).
-  size_t plan_executes_at = 0;
-  /// How the plan's victims were chosen (sampling and seed): execution decides the same way.
-  memory::PlannerOptions plan_policy;
-  /// The budget of allocated bytes the plan was made for, and the releases it keeps in the
-  /// arena's gaps (memory/arena_fit.h); 0 and 0 when it was not fitted.
-  size_t plan_fitted_for = 0, plan_kept_in_gaps = 0;
-  double plan_reserve_cost = 0;  ///< ArenaFit::reserve_cost
-};
-
-// Steps timed before the costs are final. Later steps are not timed, so their plans and
-// arena placements are made once and reused (a minimum over three runs is close enough:
-// the plan only needs to know which kernels are cheap).
-constexpr int kTimedSteps = 3;
-
-// FNV-1a over 64-bit words: the step keys below only need to tell steps of one process
-// apart, so a fast in-memory hash is enough (jit/hash.h's is for bytes shared on disk).
-struct KeyHash {
-  uint64_t h = 0xcbf29ce484222325ULL;
-  void operator()(uint64_t x) { h = (h ^ x) * 0x100000001b3ULL; }
-};
-
-uint64_t tables_key(const memory::StepGraph& g, size_t budget, size_t tail, double reserve_limit) {
-  KeyHash mix;
-  mix(budget);
-  mix(tail);
-  uint64_t limit_bits;
-  std::memcpy(&limit_bits, &reserve_limit, sizeof limit_bits);
-  mix(limit_bits);
-  for (const PlanValue& v : g.values)
-    mix(v.bytes), mix(static_cast<uint64_t>(v.producer)), mix(v.output * 2u + v.releasable_leaf);
-  for (const PlanKernel& k : g.kernels) {
-    mix(static_cast<uint64_t>(k.output)), mix(static_cast<uint64_t>(k.in_place_input));
-    mix(k.region), mix(k.region_result), mix(k.recomputable);
-    uint64_t bits;
-    std::memcpy(&bits, &k.cost, sizeof bits);
-    mix(bits);
-    for (int in : k.inputs) mix(static_cast<uint64_t>(in));
-  }
-  return mix.h;
-}
-
-std::mutex g_profiles_mutex;
-std::unordered_map<uint64_t, StepProfile> g_profiles;
-
-// Puts measured costs into `g` (in the given order) and returns the kernel order to use,
-// choosing it again once the first two steps have been timed (the first includes compiling).
-// `settled` says whether the costs are final (kTimedSteps timed, or never timed).
-memory::ScheduleOrder profile_and_order(uint64_t key, memory::StepGraph& g,
-                                        const memory::PlannerOptions& options, size_t tail,
-                                        bool timed, bool* settled, bool choose_again = false) {
-  StepProfile p;
-  {
-    std::lock_guard<std::mutex> lock(g_profiles_mutex);
-    if (auto it = g_profiles.find(key); it != g_profiles.end()) p = it->second;
-  }
-  if (p.measured > 0 && p.seconds.size() == g.kernels.size())
-    for (size_t k = 0; k < g.kernels.size(); ++k) g.kernels[k].cost = p.seconds[k];
-  *settled = !timed || (p.measured >= kTimedSteps && p.seconds.size() == g.kernels.size());
-  if (!choose_again && p.ordered_with >= 0 && (p.ordered_with >= 2 || p.measured < 2))
-    return p.order;
-  const memory::ScheduleOrder order =
-      memory::choose_schedule_order(g, options, tail,
-                                    p.ordered_with >= 0 ? p.order : memory::ScheduleOrder::Given)
-          .order;
-  std::lock_guard<std::mutex> lock(g_profiles_mutex);
-  if (g_profiles.size() >= 1024) g_profiles.clear();  // a long run of ever-new shapes
-  StepProfile& stored = g_profiles[key];
-  stored.order = order;
-  stored.ordered_with = p.measured;
-  return order;
-}
-
-// Makes `order` the step's kernel order from now on.
-void remember_order(uint64_t key, memory::ScheduleOrder order) {
-  std::lock_guard<std::mutex> lock(g_profiles_mutex);
-  g_profiles[key].order = order;
-}
-
-// Records the run times of a step's first runs (`seconds` in run order, `perm` maps run
-// order to the given order).
-void remember_times(uint64_t key, const std::vector<double>& seconds,
-                    const std::vector<int>& perm) {
-  std::lock_guard<std::mutex> lock(g_profiles_mutex);
-  StepProfile& p = g_profiles[key];
-  if (p.seconds.size() != seconds.size()) p.seconds.assign(seconds.size(), -1.0), p.measured = 0;
-  if (p.measured >= kTimedSteps) return;
-  for (size_t i = 0; i < seconds.size(); ++i) {
-    if (seconds[i] < 0) continue;
-    double& best = p.seconds[static_cast<size_t>(perm[i])];
-    best = best < 0 ? seconds[i] : std::min(best, seconds[i]);
-  }
-  for (double& t : p.seconds) t = std::max(t, 1e-7);
-  ++p.measured;
-}
-
-// The plan stored for these tables in `order`, made for the same start and planned budget,
-// or null.
-std::shared_ptr<const memory::StepPlan> stored_plan(uint64_t key, memory::ScheduleOrder order,
-                                                    const memory::StepGraph& g, size_t budget,
-                                                    size_t* executes_at,
-                                                    memory::PlannerOptions* policy,
-                                                    size_t* fitted_for, size_t* kept_in_gaps,
-                                                    double* reserve_cost) {
-  std::lock_guard<std::mutex> lock(g_profiles_mutex);
-  auto it = g_profiles.find(key);
-  if (it == g_profiles.end()) return nullptr;
-  const StepProfile& p = it->second;
-  if (!p.plan || p.plan_order != order || p.plan_start != g.start_bytes || p.plan_budget != budget)
-    return nullptr;
-  *executes_at = p.plan_executes_at;
-  *policy = p.plan_policy;
-  *fitted_for = p.plan_fitted_for;
-  *kept_in_gaps = p.plan_kept_in_gaps;
-  *reserve_cost = p.plan_reserve_cost;
-  return p.plan;
-}
-
-void store_plan(uint64_t key, memory::ScheduleOrder order, const memory::StepGraph& g,
-                size_t budget, size_t executes_at, const memory::StepPlan& plan,
-                const memory::PlannerOptions& policy, const memory::ArenaFit* fit) {
-  auto stored = std::make_shared<const memory::StepPlan>(plan);
-  std::lock_guard<std::mutex> lock(g_profiles_mutex);
-  StepProfile& p = g_profiles[key];
-  p.plan = std::move(stored);
-  p.plan_order = order;
-  p.plan_start = g.start_bytes;
-  p.plan_budget = budget;
-  p.plan_executes_at = executes_at;
-  p.plan_policy = policy;
-  p.plan_fitted_for = fit ? fit->planned_for : 0;
-  p.plan_kept_in_gaps = fit ? fit->kept_in_gaps : 0;
-  p.plan_reserve_cost = fit ? fit->reserve_cost : 0;
-}
-
-// The arena placement of a plan's values, planned once per step tables and plan: a
-// training loop repeats the same plan, and placing thousands of values takes milliseconds.
-// `refine` (for a plan made once and reused) spends more time on a smaller arena.
 // The bytes each value takes in the arena. The tables see the pool's size classes; offsets
 // depend on the exact sizes too.
 std::vector<size_t> arena_sizes(const StepTables& t) {
@@ -626,33 +484,6 @@ std::vector<size_t> arena_sizes(const StepTables& t) {
     if (const Node* n = t.nodes[v]; n->device == t.device && n->nbytes() > 0)
       bytes[v] = (n->nbytes() + 63) / 64 * 64;
   return bytes;
-}
-
-// `made`, when given, is the placement of these actions made already (by fit_to_budget).
-// `bytes` are arena_sizes(t).
-std::shared_ptr<const memory::ArenaPlan> arena_for(uint64_t key, const StepTables& t,
-                                                   const std::vector<memory::PlanAction>& actions,
-                                                   const std::vector<size_t>& bytes, bool refine,
-                                                   const memory::ArenaPlan* made = nullptr) {
-  KeyHash mix;
-  for (const memory::PlanAction& a : actions)
-    mix(static_cast<uint64_t>(a.id) << 8 | static_cast<uint64_t>(a.kind) << 1 | a.in_place);
-  for (size_t b : bytes) mix(b);
-  mix(refine);
-  const uint64_t plan_key = mix.h;
-  {
-    std::lock_guard<std::mutex> lock(g_profiles_mutex);
-    if (auto it = g_profiles.find(key);
-        it != g_profiles.end() && it->second.arena && it->second.arena_for == plan_key)
-      return it->second.arena;
-  }
-  auto plan = std::make_shared<const memory::ArenaPlan>(
-      made ? *made : memory::plan_arena(t.graph, actions, bytes, refine));
-  std::lock_guard<std::mutex> lock(g_profiles_mutex);
-  StepProfile& p = g_profiles[key];
-  p.arena = plan;
-  p.arena_for = plan_key;
-  return plan;
 }
 
 // The arena of one step, handed back to the pool when the step ends (parts still held by
@@ -680,37 +511,35 @@ class OpenArena {
 // step, so a program can compare both).
 bool arena_enabled() { return !settings::flag("KILN_DISABLE_ARENA"); }
 
+// What planning this step must respect: the budget, how kernels run on its device, and on
+// the CPU the arena's sizes and what the pool reserves beside it.
+memory::PlanRequest plan_request(const StepTables& t, size_t tail, size_t budget) {
+  memory::PlanRequest request;
+  request.budget = budget;
+  request.margin = memory::plan_margin();
+  request.fixed_tail = tail;
+  // Kernels on a GPU run asynchronously: timing their launches would say nothing.
+  request.timed = !t.device.is_cuda();
+  request.reserve_limit = memory::reserve_work_limit();
+  // Offline placement (CPU): the plan says when every value is allocated and freed.
+  request.arena = !t.device.is_cuda() && arena_enabled();
+  if (request.arena) request.arena_bytes = arena_sizes(t);
+  if (request.arena && budget > 0) {
+    // What the pool reserves beside the arena's own segment: the free space of the segments
+    // that hold the parameters and state already there.
+    memory::CachingPool& pool = pool_of(t.device);
+    request.pool.arena_segment = &memory::CachingPool::arena_segment;
+    const size_t in_use = pool.reserved_in_use();  // walks the free lists once
+    request.pool.outside_slack = in_use - std::min(in_use, pool.allocated());
+  }
+  return request;
+}
+
 }  // namespace
 
 bool reads_at_output_index(const FusionGroup& group, const Node* input) {
-  const Node* root = group.root;
-  // An accumulation adds the product into its input element by element.
-  if (group.library)
-    return group.gemm.sum && input == group.gemm.accumulate && input->nbytes() == root->nbytes();
-  if (op_family(root->op) != OpFamily::Elementwise || input->shape != root->shape ||
-      input->nbytes() != root->nbytes())
-    return false;
-  // Any read through a reindex or a reduction may be at another element: none of those
-  // members may reach the input.
-  std::unordered_set<const Node*> inside(group.members.begin(), group.members.end());
-  std::vector<const Node*> stack;
-  std::unordered_set<const Node*> seen;
-  // A reduction inside the group is a row stage (lowering makes it one or refuses): it
-  // reads the row it is computed for, before the row's elements are written, and those
-  // elements share the output's shape, so through elementwise ops it reads only that row.
-  for (const Node* m : group.members)
-    if (op_family(m->op) != OpFamily::Elementwise && m->op != OpCode::ReindexReduce)
-      stack.push_back(m);
-  while (!stack.empty()) {
-    const Node* m = stack.back();
-    stack.pop_back();
-    for (const NodePtr& in : m->inputs) {
-      if (in.get() == input) return false;
-      if (inside.count(in.get()) && in->op != OpCode::ReindexReduce && seen.insert(in.get()).second)
-        stack.push_back(in.get());
-    }
-  }
-  return true;
+  std::optional<std::unordered_set<const Node*>> off_index;
+  return reads_at_output_index(group, input, off_index);
 }
 
 void run_with_memory_plan(const FusionPlan& plan, const std::unordered_set<Node*>& outputs,
@@ -718,174 +547,47 @@ void run_with_memory_plan(const FusionPlan& plan, const std::unordered_set<Node*
                           const GroupRunner& run) {
   const auto planning_started = Clock::now();
   size_t tail = 0;
-  Schedule groups = updates_last(plan, outputs, tail);
-  StepTables t = build_tables(groups, outputs, original, simplified);
-  memory::PlannerOptions options;
-  options.budget = memory::budget(t.device);
-  // The static plan may be made for more than the budget (set_plan_margin, for tests).
-  const double margin = 1.0 + std::max(memory::plan_margin(), 0.0);
-  memory::PlannerOptions planned = options;
-  if (options.budget > 0)
-    planned.budget = static_cast<size_t>(static_cast<double>(options.budget) * margin);
-  // Kernels on a GPU run asynchronously: timing their launches would say nothing.
-  const bool timed = !t.device.is_cuda();
-  // How much work holding the pool's reserve within the budget may add (memory/arena_fit.h);
-  // plans made under another limit are other plans.
-  const double reserve_limit = memory::reserve_work_limit();
-  const uint64_t key = tables_key(t.graph, options.budget, tail, reserve_limit);
-  bool settled = false;
-  memory::ScheduleOrder order = profile_and_order(key, t.graph, planned, tail, timed, &settled);
-  // The tables as given, with the costs the planner uses.
+  const Schedule given = updates_last(plan, outputs, tail);
+  const StepTables t = build_tables(given, outputs, original, simplified);
+  const size_t budget = memory::budget(t.device);
+
+  const memory::PlanRequest request = plan_request(t, tail, budget);
+  const memory::StepPlan step = memory::plan_step(t.graph, request);
+  Schedule groups;
+  groups.reserve(given.size());
+  for (int k : step.perm) groups.push_back(given[static_cast<size_t>(k)]);
+
+  // The tables as given, with the costs the planner used.
   if (const std::string dump = memory::plan_dump_path(updated_tensors(t) > 0); !dump.empty()) {
-    memory::StepGraphFile file{t.graph, {}, options.budget, tail};
-    for (const FusionGroup* g : groups) file.kernel_names.push_back(kernel_name(*g));
+    memory::StepGraphFile file{t.graph, {}, budget, tail};
+    for (size_t i = 0; i < step.perm.size(); ++i)
+      file.graph.kernels[static_cast<size_t>(step.perm[i])].cost = step.graph.kernels[i].cost;
+    for (const FusionGroup* g : given) file.kernel_names.push_back(kernel_name(*g));
     memory::save_step_graph(file, dump);
   }
-  std::vector<int> perm;
-  auto run_in = [&](memory::ScheduleOrder o) {
-    perm = memory::schedule_order(t.graph, o, tail);
-    if (o == memory::ScheduleOrder::Given) return;
-    Schedule reordered;
-    reordered.reserve(groups.size());
-    for (int k : perm) reordered.push_back(groups[static_cast<size_t>(k)]);
-    groups = std::move(reordered);
-    reorder_tables(t, groups, perm);
-  };
-  run_in(order);
-  // Back to the given order, then into `o`.
-  auto switch_to = [&](memory::ScheduleOrder o) {
-    if (order != memory::ScheduleOrder::Given) {
-      const std::vector<int> back = memory::inverse_permutation(perm);
-      Schedule given;
-      given.reserve(groups.size());
-      for (int k : back) given.push_back(groups[static_cast<size_t>(k)]);
-      groups = std::move(given);
-      reorder_tables(t, groups, back);
-    }
-    order = o;
-    run_in(o);
-  };
-  // Execution decides against this budget: the user's, unless the plan was only found at a
-  // tighter one (below).
-  size_t executes_at = options.budget;
-  // How victims are chosen; a plan made once is chosen among a few ways (plan_step_best).
-  memory::PlannerOptions policy = planned;
-  size_t fitted_for = 0, kept_in_gaps = 0;
-  double reserve_cost = 0;
-  std::shared_ptr<const memory::StepPlan> reused =
-      settled ? stored_plan(key, order, t.graph, planned.budget, &executes_at, &policy, &fitted_for,
-                            &kept_in_gaps, &reserve_cost)
-              : nullptr;
-  memory::StepPlan simulated;  // planned now, when no stored plan applies
-  // Offline placement (CPU): the plan says when every value is allocated and freed.
-  const bool place = !t.device.is_cuda() && arena_enabled();
-  // With an arena, the plan is fitted so that the arena and the blocks beside it keep the
-  // budget too (memory/arena_fit.h).
-  std::optional<memory::ArenaFit> fit;
-  // The values' sizes in the arena (a kernel order does not change them).
-  const std::vector<size_t> sizes = place ? arena_sizes(t) : std::vector<size_t>{};
-  // What the pool reserves for them: the arena's segment, and beside it the free space of
-  // the segments that hold the parameters and state already there.
-  memory::PoolReserve pool_reserve;
-  if (place && options.budget > 0) {
-    memory::CachingPool& pool = pool_of(t.device);
-    pool_reserve.arena_segment = &memory::CachingPool::arena_segment;
-    const size_t in_use = pool.reserved_in_use();  // walks the free lists once
-    pool_reserve.outside_slack = in_use - std::min(in_use, pool.allocated());
-  }
-  if (options.budget > 0 && !reused) {
-    if (place) {
-      fit = memory::fit_to_budget(t.graph, planned, sizes, settled, reserve_limit, pool_reserve);
-      if (settled && fit->plan.feasible && !fit->holds) {
-        // The order was chosen for the least recomputation, not for packing: another order
-        // may fit its reserve in the budget where this one cannot. The plan made once
-        // takes the one of the others that does with the least recomputation, if that is
-        // within the limit of this order's plan.
-        const memory::ScheduleOrder chosen = order;
-        std::optional<memory::ScheduleOrder> better;
-        // As within one order: for at most a little more work than this order's plan.
-        double limit = fit->plan.extra_cost + reserve_limit * fit->plan.base_cost;
-        for (memory::ScheduleOrder other : memory::all_orders()) {
-          if (other == chosen) continue;
-          switch_to(other);
-          memory::ArenaFit tried =
-              memory::fit_to_budget(t.graph, planned, sizes, true, reserve_limit, pool_reserve);
-          if (tried.plan.feasible && tried.holds && tried.plan.extra_cost <= limit)
-            better = other, limit = tried.plan.extra_cost, fit = std::move(tried);
-        }
-        switch_to(better ? *better : chosen);
-        if (better) remember_order(key, order);
-      }
-      simulated = fit->plan;
-      policy = fit->policy;
-    } else {
-      if (settled) {
-        simulated = memory::plan_step_best(t.graph, planned, &policy);
-        simulated = memory::search_evictions(t.graph, std::move(simulated), policy);
-      } else {
-        simulated = memory::plan_step(t.graph, planned);
-      }
-    }
-    if (!simulated.feasible) {
-      // Near the floor an order chosen with earlier costs may no longer fit with today's
-      // measured ones: back to the given order, and choose again before refusing.
-      switch_to(memory::ScheduleOrder::Given);
-      order = profile_and_order(key, t.graph, planned, tail, timed, &settled, true);
-      run_in(order);
-      // Near the floor the greedy may give up at this budget and fit a tighter one;
-      // execution then decides against the tighter budget too, so that it takes the same
-      // path.
-      size_t used = planned.budget;
-      policy = planned;
-      fit.reset();
-      simulated = memory::plan_within(t.graph, planned, &used);
-      if (simulated.feasible && used < planned.budget)
-        executes_at =
-            std::min(options.budget, static_cast<size_t>(static_cast<double>(used) / margin));
-    }
-    if (!simulated.feasible) raise_over_budget(t, groups, options, simulated, tail);
-    if (settled)
-      store_plan(key, order, t.graph, planned.budget, executes_at, simulated, policy,
-                 fit ? &*fit : nullptr);
-    if (fit)
-      fitted_for = fit->planned_for, kept_in_gaps = fit->kept_in_gaps,
-      reserve_cost = fit->reserve_cost;
-  }
-
-  std::shared_ptr<const memory::ArenaPlan> arena_plan;
-  if (place && options.budget == 0 && !reused) {
-    simulated = memory::plan_step(t.graph, options);
-    if (settled) store_plan(key, order, t.graph, planned.budget, 0, simulated, policy, nullptr);
-  }
-  const memory::StepPlan& step_plan = reused ? *reused : simulated;
-  if (place)
-    arena_plan = arena_for(key, t, step_plan.actions, sizes, settled, fit ? &fit->arena : nullptr);
+  if (!step.feasible) raise_over_budget(t, step, groups, budget);
+  const memory::RecomputePlan& step_plan = *step.actions;
+  const std::shared_ptr<const memory::ArenaPlan>& arena_plan = step.arena;
   const double planner_ms =
       std::chrono::duration<double, std::milli>(Clock::now() - planning_started).count();
 
   const bool record = memory::step_recording();
   // Under a budget the plan counts the arena's own segment, so a bigger cached one (an
   // earlier unbudgeted step's) is not taken for it.
-  OpenArena arena(pool_of(t.device), arena_plan ? arena_plan->bytes : 0, options.budget > 0);
-  JitMachine machine(groups, t, run, record, arena_plan.get(), arena.base());
-  memory::PlannerOptions execution = policy;
-  execution.budget = executes_at;
-  // Execution makes the plan's evictions where the plan made them (a plan kept values in
-  // the arena's gaps that the budget's own choice would release), and chooses by score only
-  // what the real allocations need more.
-  execution.follow = &step_plan.chosen;
-  memory::StepPlan done = memory::execute_step(t.graph, execution, machine);
-  if (timed) remember_times(key, machine.seconds_, perm);
+  OpenArena arena(pool_of(t.device), arena_plan ? arena_plan->bytes : 0, budget > 0);
+  JitMachine machine(groups, step.graph, t, run, record, arena_plan.get(), arena.base());
+  memory::RecomputePlan done = memory::execute_step(step.graph, step.execution(), machine);
+  if (request.timed) memory::record_kernel_times(step, machine.seconds_);
 
   memory::PlanSummary s;
   s.pool = pool_of(t.device).name();
-  s.budget = options.budget;
-  s.start_bytes = t.graph.start_bytes;
+  s.budget = budget;
+  s.start_bytes = step.graph.start_bytes;
   s.lower_bound = done.lower_bound;
-  s.planned_peak = options.budget > 0 ? step_plan.peak : done.peak;
+  s.planned_peak = budget > 0 ? step_plan.peak : done.peak;
   s.measured_peak = done.peak;
-  s.within_budget = options.budget == 0 || done.peak <= options.budget;
-  s.kernels = t.graph.kernels.size();
+  s.within_budget = budget == 0 || done.peak <= budget;
+  s.kernels = step.graph.kernels.size();
   s.in_place = machine.in_place_;
   s.donated = machine.donated_;
   s.released_leaves = machine.released_leaves_;
@@ -893,33 +595,32 @@ void run_with_memory_plan(const FusionPlan& plan, const std::unordered_set<Node*
   s.evictions = done.evictions;
   s.evicted_bytes = done.evicted_bytes;
   // Without a budget every eviction is a checkpoint's, none the fallback's.
-  s.fallback_evictions = options.budget > 0 && done.evictions > step_plan.evictions
-                             ? done.evictions - step_plan.evictions
-                             : 0;
+  s.fallback_evictions =
+      budget > 0 && done.evictions > step_plan.evictions ? done.evictions - step_plan.evictions : 0;
   s.base_cost = done.base_cost;
   s.extra_cost = done.extra_cost;
   s.planner_ms = planner_ms;
-  s.plan_reused = reused != nullptr;
-  s.order = memory::order_name(order);
+  s.plan_reused = step.reused;
+  s.order = memory::order_name(step.order);
   if (arena.base() != nullptr) {
     s.arena_bytes = arena_plan->bytes;
     s.arena_live_peak = arena_plan->live_peak;
     s.arena_values = machine.arena_values_;
     s.arena_misses = machine.arena_misses_;
     s.arena_strayed_at = machine.strayed_ ? machine.next_run_ + 1 : 0;
-    if (options.budget > 0 && fitted_for > 0) {
-      s.planned_for = fitted_for;
-      s.kept_in_gaps = kept_in_gaps;
-      s.planned_reserve = pool_reserve.reserved(*arena_plan);
-      s.reserve_pinned = pool_reserve.outside_slack;
-      s.reserve_over_budget = s.planned_reserve > planned.budget;
-      s.reserve_cost = reserve_cost;
+    if (budget > 0 && step.fitted_for > 0) {
+      s.planned_for = step.fitted_for;
+      s.kept_in_gaps = step.kept_in_gaps;
+      s.planned_reserve = step.planned_reserve;
+      s.reserve_pinned = request.pool.outside_slack;
+      s.reserve_over_budget = s.planned_reserve > step.planned_budget;
+      s.reserve_cost = step.reserve_cost;
     }
   }
   std::unordered_set<int> in_place(machine.in_place_kernels_.begin(),
                                    machine.in_place_kernels_.end());
   for (size_t v = 0; v < t.nodes.size(); ++v) {
-    const PlanValue& pv = t.graph.values[v];
+    const PlanValue& pv = step.graph.values[v];
     // What the step adds and keeps: results not written over a value they replaced.
     if (pv.output && pv.producer >= 0 && !in_place.count(pv.producer)) s.output_bytes += pv.bytes;
     if (pv.producer < 0) continue;
@@ -951,9 +652,9 @@ void run_with_memory_plan(const FusionPlan& plan, const std::unordered_set<Node*
   r.step_ms = machine.us() / 1000.0;
   if (record) {
     for (const FusionGroup* g : groups) r.kernels.push_back(kernel_name(*g));
-    r.phases = kernel_phases(t, groups);
+    r.phases = kernel_phases(step.graph, t, groups);
     for (size_t v = 0; v < t.nodes.size(); ++v) {
-      const PlanValue& pv = t.graph.values[v];
+      const PlanValue& pv = step.graph.values[v];
       r.values.push_back({pv.producer >= 0 ? r.kernels[static_cast<size_t>(pv.producer)] : "leaf",
                           value_shape(t.nodes[v]), pv.bytes, pv.producer, pv.output});
     }

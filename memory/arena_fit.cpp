@@ -13,11 +13,11 @@ namespace {
 constexpr int kFitRounds = 8;
 constexpr int kFitRoundsUnsettled = 3;
 
-StepPlan plan_once(const StepGraph& graph, const PlannerOptions& options, bool thorough,
-                   PlannerOptions* policy) {
-  if (thorough) return plan_step_best(graph, options, policy);
+RecomputePlan plan_once(const StepGraph& graph, const PlannerOptions& options, bool thorough,
+                        PlannerTuning* policy) {
+  if (thorough) return simulate_best(graph, options, policy);
   *policy = options;
-  return plan_step(graph, options);
+  return simulate_step(graph, options);
 }
 
 // Where each run of `actions` happens: (kernel at, kernel, nth run of it while at that
@@ -85,15 +85,15 @@ ArenaFit keep_in_gaps(const StepGraph& graph, ArenaFit fit, const std::vector<si
   if (!fit.plan.feasible || !fit.holds) return fit;
   const std::vector<ChosenEviction> needed = evictions_past_gaps(graph, fit.plan, fit.arena, bytes);
   if (needed.size() == fit.plan.chosen.size()) return fit;
-  PlannerOptions follow = fit.policy;
+  PlannerOptions follow(fit.budget, fit.policy);
   follow.follow = &needed;
-  StepPlan kept = plan_step(graph, follow);
+  RecomputePlan kept = simulate_step(graph, follow);
   if (!kept.feasible || kept.extra_cost > fit.plan.extra_cost) return fit;
   // The values kept in gaps stay where they were placed: the old placement is tried too.
   const std::vector<std::vector<int64_t>> hint =
       offsets_for(graph, fit.plan.actions, fit.arena, kept.actions);
   ArenaPlan arena = plan_arena(graph, kept.actions, bytes, thorough, &hint);
-  if (pool.reserved(arena) > fit.policy.budget) return fit;
+  if (pool.reserved(arena) > fit.budget) return fit;
   fit.kept_in_gaps += fit.plan.chosen.size() - needed.size();
   fit.plan = std::move(kept);
   fit.arena = std::move(arena);
@@ -117,13 +117,12 @@ bool preferred(const ArenaFit& a, const ArenaFit& b) {
 ArenaFit searched(const StepGraph& graph, ArenaFit fit, const std::vector<size_t>& bytes,
                   const PoolReserve& pool) {
   if (!fit.plan.feasible) return fit;
-  PlannerOptions at = fit.policy;
-  at.budget = fit.planned_for;
-  StepPlan plan = search_evictions(graph, fit.plan, at);
+  const PlannerOptions at(fit.planned_for, fit.policy);
+  RecomputePlan plan = search_evictions(graph, fit.plan, at);
   if (plan.extra_cost >= fit.plan.extra_cost) return fit;
   ArenaPlan arena = plan_arena(graph, plan.actions, bytes, true);
   const size_t reserved = pool.reserved(arena);
-  const bool holds = reserved <= fit.policy.budget;
+  const bool holds = reserved <= fit.budget;
   if (fit.holds && !holds) return fit;
   fit.plan = std::move(plan);
   fit.arena = std::move(arena);
@@ -141,12 +140,13 @@ ArenaFit fit_once(const StepGraph& graph, const PlannerOptions& options,
   // The search plans with the given options (a budget it cannot hold is planned up to the
   // rebuild cap, which takes longest); the plan kept is then made thoroughly.
   auto plan_for = [&](size_t target, bool best_of) {
-    PlannerOptions at = options, policy;
+    PlannerOptions at = options;
+    PlannerTuning policy;
     at.budget = target;
     ArenaFit fit;
     fit.plan = plan_once(graph, at, best_of, &policy);
     fit.policy = policy;
-    fit.policy.budget = budget;
+    fit.budget = budget;
     fit.planned_for = target;
     if (!fit.plan.feasible) return fit;
     fit.arena = plan_arena(graph, fit.plan.actions, bytes, best_of);

@@ -38,9 +38,10 @@ struct PoolReserve {
 
 /// A budgeted plan with its arena placement.
 struct ArenaFit {
-  StepPlan plan;           ///< What to run; execute it following plan.chosen.
+  RecomputePlan plan;      ///< What to run; execute it following plan.chosen.
   ArenaPlan arena;         ///< Where its values go.
-  PlannerOptions policy;   ///< How victims were chosen (sampling, seed), budget as asked.
+  PlannerTuning policy;    ///< How victims were chosen (sampling, seed).
+  size_t budget = 0;       ///< The budget asked for, which the reserve is held within.
   size_t planned_for = 0;  ///< The budget of allocated bytes the plan was made for.
   size_t reserved = 0;     ///< PoolReserve::reserved of the arena.
   bool holds = false;      ///< reserved <= the budget.
@@ -54,7 +55,7 @@ struct ArenaFit {
 
 /// Plans `graph` under `options.budget` so that its arena and the blocks outside it fit the
 /// budget, then keeps what fits in the arena's gaps. `bytes` are the values' arena sizes
-/// (plan_arena). `thorough` (a plan made once and reused) uses plan_step_best and refined
+/// (plan_arena). `thorough` (a plan made once and reused) uses simulate_best and refined
 /// placements. When no tighter plan fits (near the floor), or the one that does would add
 /// more than `work_limit` × the step's work in rebuilds (`reserve_cost` says how much), the
 /// plan for the whole budget is returned with holds = false: its allocated bytes keep the

@@ -387,7 +387,7 @@ ArenaPlan plan_arena(const StepGraph& graph, const std::vector<PlanAction>& acti
   return plan;
 }
 
-std::vector<ChosenEviction> evictions_past_gaps(const StepGraph& graph, const StepPlan& plan,
+std::vector<ChosenEviction> evictions_past_gaps(const StepGraph& graph, const RecomputePlan& plan,
                                                 const ArenaPlan& arena,
                                                 const std::vector<size_t>& bytes) {
   Layout layout = lay_out(graph, plan.actions, bytes);

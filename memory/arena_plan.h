@@ -37,7 +37,7 @@ struct ArenaPlan {
   int64_t offset(int k, int run) const;
 };
 
-/// Places the values allocated by `actions` (a plan of `graph`, as plan_step returns it)
+/// Places the values allocated by `actions` (a plan of `graph`, as simulate_step returns it)
 /// in one arena. `bytes[v]` is the memory value v takes in the arena (0: never there).
 /// Values never freed in the step, and chains of in-place runs that end in one, stay out.
 /// With `refine` it also tries nearby placement orders (up to tens of milliseconds, fewer
@@ -53,7 +53,7 @@ ArenaPlan plan_arena(const StepGraph& graph, const std::vector<PlanAction>& acti
 /// until its rebuilt copy would be freed. Planning again with PlannerOptions::follow set to
 /// the result keeps those values and drops their rebuilds; at these offsets the arena would
 /// not grow for it (a placement of the new plan may differ).
-std::vector<ChosenEviction> evictions_past_gaps(const StepGraph& graph, const StepPlan& plan,
+std::vector<ChosenEviction> evictions_past_gaps(const StepGraph& graph, const RecomputePlan& plan,
                                                 const ArenaPlan& arena,
                                                 const std::vector<size_t>& bytes);
 

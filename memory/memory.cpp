@@ -37,7 +37,7 @@ std::string report() {
       out += placement_report(i);
     }
   }
-  return out + plan_lines();
+  return out + plan_lines() + rank_bytes_report();
 }
 
 }  // namespace kiln::memory

@@ -8,13 +8,15 @@
 #include "host_pool.h"
 #include "placement.h"
 #include "plan_report.h"
+#include "rank_bytes.h"
 #include "step_record.h"
 
 namespace kiln::memory {
 
 /// The reports of every memory space: the host pool, then (with a CUDA driver) the pinned
 /// pool and each CUDA device's pool with its placement counters, or a line saying why there
-/// are no CUDA devices; then the memory budget and the last step's plan figures.
+/// are no CUDA devices; then the memory budget and the last step's plan figures, and the
+/// training state this rank holds (rank_bytes_report(), when a dist holder is registered).
 std::string report();
 
 }  // namespace kiln::memory

@@ -4,6 +4,7 @@
 #include <mutex>
 
 #include "caching_pool.h"
+#include "rank_bytes.h"
 
 namespace kiln::memory {
 namespace {
@@ -15,6 +16,19 @@ std::string percent(double part, double whole) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "%.1f%%", whole > 0 ? 100.0 * part / whole : 0.0);
   return buf;
+}
+
+// Each line of `text` indented by four spaces.
+std::string indent_lines(const std::string& text) {
+  std::string out;
+  size_t start = 0;
+  while (start < text.size()) {
+    const size_t end = text.find('\n', start);
+    out += "    " + text.substr(start, end - start) + "\n";
+    if (end == std::string::npos) break;
+    start = end + 1;
+  }
+  return out;
 }
 
 }  // namespace
@@ -94,6 +108,10 @@ std::string plan_report() {
       r += buf;
     }
   }
+  // The budget holds per process, so per rank: beside it, what this rank holds of the
+  // training state (ZeRO shards it).
+  const std::string ranks = rank_bytes_report();
+  if (!ranks.empty()) r += "  training state held by this rank:\n" + indent_lines(ranks);
   return r;
 }
 

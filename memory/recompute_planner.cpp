@@ -12,7 +12,7 @@ namespace {
 
 constexpr int kNever = std::numeric_limits<int>::max();
 constexpr double kUnrebuildable = std::numeric_limits<double>::infinity();
-// plan_step_best scores every candidate only on steps up to this many kernels (an LSTM
+// simulate_best scores every candidate only on steps up to this many kernels (an LSTM
 // step's ~3,300 take 25-50 ms so).
 constexpr size_t kScoreAllKernels = 10000;
 // search_evictions: at most this many passes over the plan's
@@ -73,7 +73,7 @@ class Engine {
     }
   }
 
-  StepPlan run() {
+  RecomputePlan run() {
     plan_.lower_bound = lower_bound(g_);
     peak_ = usage();  // the step starts with all of it, even what it releases at once
     if (o_.budget > 0 && peak_ > o_.budget && !machine_) {
@@ -477,7 +477,7 @@ class Engine {
     return true;
   }
 
-  StepPlan finish() {
+  RecomputePlan finish() {
     if (plan_.feasible || machine_) {
       // Rebuilt values kept for reuse that nothing read again.
       for (size_t v = 0; v < g_.values.size(); ++v) {
@@ -515,7 +515,7 @@ class Engine {
   std::vector<int> ran_here_;           // kernels with runs_here_ > 0
   size_t cur_ = 0, peak_ = 0;
   int p_ = 0;
-  StepPlan plan_;
+  RecomputePlan plan_;
 };
 
 }  // namespace
@@ -564,12 +564,31 @@ size_t lower_bound(const StepGraph& g, int* at_kernel) {
   return lb;
 }
 
-StepPlan plan_step(const StepGraph& graph, const PlannerOptions& options) {
+RecomputePlan simulate_step(const StepGraph& graph, const PlannerOptions& options) {
   return Engine(graph, options, nullptr).run();
 }
 
-StepPlan execute_step(const StepGraph& graph, const PlannerOptions& options, StepMachine& machine) {
+RecomputePlan execute_step(const StepGraph& graph, const PlannerOptions& options,
+                           StepMachine& machine) {
   return Engine(graph, options, &machine).run();
+}
+
+void assign_in_place(StepGraph& g) {
+  std::vector<int> last_read(g.values.size(), -1);
+  for (size_t k = 0; k < g.kernels.size(); ++k)
+    for (int v : g.kernels[k].inputs) last_read[static_cast<size_t>(v)] = static_cast<int>(k);
+  for (size_t k = 0; k < g.kernels.size(); ++k) {
+    PlanKernel& pk = g.kernels[k];
+    // Without candidates the tables were built by hand: the engine checks the last read of
+    // in_place_input itself, so it stays as given.
+    if (pk.in_place_candidates.empty()) continue;
+    pk.in_place_input = -1;
+    for (int v : pk.in_place_candidates)
+      if (last_read[static_cast<size_t>(v)] == static_cast<int>(k)) {
+        pk.in_place_input = v;
+        break;
+      }
+  }
 }
 
 int pressure_end(const StepGraph& g, size_t budget) {
@@ -600,10 +619,10 @@ int pressure_end(const StepGraph& g, size_t budget) {
   return found;
 }
 
-StepPlan plan_step_best(const StepGraph& graph, const PlannerOptions& options,
-                        PlannerOptions* chosen) {
+RecomputePlan simulate_best(const StepGraph& graph, const PlannerOptions& options,
+                            PlannerTuning* chosen) {
   *chosen = options;
-  StepPlan best = plan_step(graph, options);
+  RecomputePlan best = simulate_step(graph, options);
   // Sampling scores 32 candidates per eviction; scoring all of them chose 19% less extra
   // work on the benchmark Transformer at half its releasable bytes, and the seed alone moves
   // the greedy by a few percent either way. On steps of tens of thousands of kernels
@@ -644,18 +663,19 @@ StepPlan plan_step_best(const StepGraph& graph, const PlannerOptions& options,
     variants.push_back(weighed);
   }
   for (const PlannerOptions& o : variants) {
-    StepPlan p = plan_step(graph, o);
+    RecomputePlan p = simulate_step(graph, o);
     if (!p.feasible) continue;
     if (!best.feasible || p.extra_cost < best.extra_cost ||
         (p.extra_cost == best.extra_cost && p.peak < best.peak)) {
       best = std::move(p);
-      *chosen = o;
+      *chosen = o;  // the tuning only: `o` follows and avoids nothing
     }
   }
   return best;
 }
 
-StepPlan search_evictions(const StepGraph& graph, StepPlan best, const PlannerOptions& options) {
+RecomputePlan search_evictions(const StepGraph& graph, RecomputePlan best,
+                               const PlannerOptions& options) {
   if (!best.feasible || options.budget == 0 || options.follow || options.avoid) return best;
   // Each eviction of the plan made otherwise: the same choices up to it, that victim passed
   // over there, the score's choices after it (a search of one discrepancy). A plan that
@@ -675,7 +695,7 @@ StepPlan search_evictions(const StepGraph& graph, StepPlan best, const PlannerOp
       PlannerOptions o = options;
       o.follow = &before;
       o.avoid = &avoid;
-      StepPlan p = plan_step(graph, o);
+      RecomputePlan p = simulate_step(graph, o);
       work += p.actions.size();
       if (p.feasible && p.extra_cost < best.extra_cost) {
         best = std::move(p);
@@ -686,14 +706,14 @@ StepPlan search_evictions(const StepGraph& graph, StepPlan best, const PlannerOp
   return best;
 }
 
-StepPlan plan_within(const StepGraph& graph, const PlannerOptions& options, size_t* used) {
+RecomputePlan plan_within(const StepGraph& graph, const PlannerOptions& options, size_t* used) {
   *used = options.budget;
-  StepPlan plan = plan_step(graph, options);
+  RecomputePlan plan = simulate_step(graph, options);
   const size_t floor = lower_bound(graph);
   for (int i = 1; i < 16 && !plan.feasible && options.budget > floor; ++i) {
     PlannerOptions o = options;
     o.budget = options.budget - (options.budget - floor) * static_cast<size_t>(i) / 16;
-    StepPlan tighter = plan_step(graph, o);
+    RecomputePlan tighter = simulate_step(graph, o);
     if (tighter.feasible) plan = std::move(tighter), *used = o.budget;
   }
   return plan;
@@ -702,14 +722,14 @@ StepPlan plan_within(const StepGraph& graph, const PlannerOptions& options, size
 size_t smallest_feasible_budget(const StepGraph& graph, const PlannerOptions& options) {
   PlannerOptions o = options;
   o.budget = 0;
-  const size_t top = plan_step(graph, o).peak;
+  const size_t top = simulate_step(graph, o).peak;
   size_t lo = lower_bound(graph), hi = std::max(top, lo);
   const size_t step = std::max<size_t>((hi - lo) / 64, 1);
   // Invariant: hi is feasible (the unbudgeted peak always is).
   while (hi - lo > step) {
     size_t mid = lo + (hi - lo) / 2;
     o.budget = mid;
-    if (plan_step(graph, o).feasible)
+    if (simulate_step(graph, o).feasible)
       hi = mid;
     else
       lo = mid;

@@ -31,11 +31,17 @@ struct PlanKernel {
   /// A value this kernel may overwrite with its output when it reads it for the last time
   /// (same bytes, read only at the output's own index), or -1.
   int in_place_input = -1;
+  /// The inputs this kernel could overwrite were it their last reader, in input order: the
+  /// caller knows which ones it reads only at the output's element. assign_in_place picks
+  /// in_place_input among them for the order the kernels run in.
+  std::vector<int> in_place_candidates = {};
   /// Nonzero for values made inside kiln::checkpoint: released as soon as their next
   /// reader lies outside that checkpoint region, and rebuilt there.
   uint32_t region = 0;
   /// The output is a result of its checkpoint region: kept like a value made outside it.
   bool region_result = false;
+
+  bool operator==(const PlanKernel&) const = default;
 };
 
 /// One value of the step: the output of a kernel, or a leaf resident when the step starts.
@@ -46,6 +52,8 @@ struct PlanValue {
   /// Leaf whose memory the step may take over after its last read (donation): nothing
   /// outside the step can read it again. Other leaves stay resident throughout.
   bool releasable_leaf = false;
+
+  bool operator==(const PlanValue&) const = default;
 };
 
 /// The step: kernels in schedule order, and the values they read and write.
@@ -54,7 +62,14 @@ struct StepGraph {
   std::vector<PlanValue> values;
   /// Bytes allocated in the budgeted pool when the step starts (leaves included).
   size_t start_bytes = 0;
+
+  bool operator==(const StepGraph&) const = default;
 };
+
+/// Sets each kernel's in_place_input to the first of its in_place_candidates that it reads
+/// last in the graph's order (-1 when none): a reorder changes which reads are last.
+/// Kernels without candidates keep theirs.
+void assign_in_place(StepGraph& graph);
 
 /// What the planner does, in order.
 struct PlanAction {
@@ -67,6 +82,8 @@ struct PlanAction {
   Kind kind;
   int id;
   bool in_place = false;  ///< Run: the output takes over its in_place_input's memory.
+
+  bool operator==(const PlanAction&) const = default;
 };
 
 /// An eviction made to make room: before the `nth` run (from 0) of kernel `kernel` while the
@@ -82,9 +99,10 @@ struct ChosenEviction {
 /// until theirs), or -1 when it never does.
 int pressure_end(const StepGraph& graph, size_t budget);
 
-/// Planner settings.
-struct PlannerOptions {
-  size_t budget = 0;            ///< Bytes; 0 means no budget (only liveness and reuse).
+/// How the planner chooses victims: tuning that a plan keeps with it (a stored plan is
+/// executed with the tuning it was made with). Plain values only, so it is safe to copy
+/// into a cache.
+struct PlannerTuning {
   int sample_furthest = 16;     ///< Candidates scored: the furthest next uses ...
   int sample_random = 16;       ///< ... plus this many random others.
   uint64_t seed = 0x6b696c6e;   ///< For the random sample (plans are reproducible).
@@ -95,8 +113,14 @@ struct PlannerOptions {
   int pressure_end = -1;
   /// The score divides the rebuild cost by bytes × distance^distance_power: 1 weighs a
   /// value's distance to its next use like its bytes; below 1 favours cheap rebuilds over
-  /// distant ones, above 1 the reverse (plan_step_best tries 0.5 and 2 as well).
+  /// distant ones, above 1 the reverse (simulate_best tries 0.5 and 2 as well).
   double distance_power = 1.0;
+};
+
+/// One planning or execution: the tuning plus the constraints of this call. The pointers
+/// borrow the caller's lists for the call only; never store a PlannerOptions.
+struct PlannerOptions : PlannerTuning {
+  size_t budget = 0;  ///< Bytes; 0 means no budget (only liveness and reuse).
   /// Evictions to make where they are listed (those whose value is resident and not in use
   /// there), instead of choosing victims by score; the score still chooses whatever more
   /// the budget needs. Following a plan's own `chosen` reproduces it.
@@ -104,10 +128,15 @@ struct PlannerOptions {
   /// Evictions the score must not choose: at its place, the listed value is passed over
   /// (search_evictions makes a plan's choices again with one of them avoided).
   const std::vector<ChosenEviction>* avoid = nullptr;
+
+  PlannerOptions() = default;
+  /// Options for `budget` bytes chosen with `tuning`, following and avoiding nothing.
+  PlannerOptions(size_t budget_bytes, const PlannerTuning& tuning)
+      : PlannerTuning(tuning), budget(budget_bytes) {}
 };
 
 /// The outcome of planning or executing a step.
-struct StepPlan {
+struct RecomputePlan {
   bool feasible = true;  ///< False when the budget could not be held.
   std::string failure;   ///< Why not, when infeasible.
   std::vector<PlanAction> actions;
@@ -145,36 +174,38 @@ size_t lower_bound(const StepGraph& graph, int* at_kernel = nullptr);
 
 /// Simulates the step under `options.budget` and returns the actions and figures. An
 /// infeasible budget gives feasible = false, never a plan that overshoots.
-StepPlan plan_step(const StepGraph& graph, const PlannerOptions& options);
+RecomputePlan simulate_step(const StepGraph& graph, const PlannerOptions& options);
 
 /// Runs the step on `machine` with the same policy, deciding against the machine's real
 /// bytes in use. When nothing can be evicted the kernel runs anyway: the result has
 /// feasible = false and the overshoot is in `peak`.
-StepPlan execute_step(const StepGraph& graph, const PlannerOptions& options, StepMachine& machine);
+RecomputePlan execute_step(const StepGraph& graph, const PlannerOptions& options,
+                           StepMachine& machine);
 
-/// plan_step in a few ways, keeping the feasible plan with the least recomputation (then
+/// simulate_step in a few ways, keeping the feasible plan with the least recomputation (then
 /// the lower peak, then the first tried): as `options` say, with every candidate scored
 /// rather than a sample, with two other sampling seeds, with the distance counted only
 /// while the step exceeds the budget, and with distance_power 0.5 and 2. For a plan made
-/// once and reused (about eight plannings more). `*chosen` receives the options of the plan
-/// kept: execution must decide with them to follow it.
-StepPlan plan_step_best(const StepGraph& graph, const PlannerOptions& options,
-                        PlannerOptions* chosen);
+/// once and reused (about eight plannings more). `*chosen` receives the tuning of the plan
+/// kept: execution must decide with it to follow it.
+RecomputePlan simulate_best(const StepGraph& graph, const PlannerOptions& options,
+                            PlannerTuning* chosen);
 
 /// `plan` (made with `options`) with each of its evictions made otherwise in turn
 /// (PlannerOptions::avoid; the choices before it followed, the score's after it), keeping
 /// whatever needs less recomputation, within a bounded number of plannings. Never more
 /// recomputation than `plan`; execute the result following its `chosen` evictions.
-StepPlan search_evictions(const StepGraph& graph, StepPlan plan, const PlannerOptions& options);
+RecomputePlan search_evictions(const StepGraph& graph, RecomputePlan plan,
+                               const PlannerOptions& options);
 
-/// plan_step under `options.budget`, or where the greedy gives up there, under the first of
+/// simulate_step under `options.budget`, or where the greedy gives up there, under the first of
 /// 15 tighter budgets (evenly down to the lower bound) where it does not: near the floor the
 /// greedy is not monotone in the budget (a tighter budget sends it down another path). A
 /// plan within a tighter budget is within this one. `used` receives the budget planned for.
-StepPlan plan_within(const StepGraph& graph, const PlannerOptions& options, size_t* used);
+RecomputePlan plan_within(const StepGraph& graph, const PlannerOptions& options, size_t* used);
 
 /// The smallest budget (in steps of 1/64 of the range above the lower bound) for which
-/// plan_step finds a plan, by bisection between the lower bound and the unbudgeted peak.
+/// simulate_step finds a plan, by bisection between the lower bound and the unbudgeted peak.
 size_t smallest_feasible_budget(const StepGraph& graph, const PlannerOptions& options);
 
 }  // namespace kiln::memory

@@ -171,6 +171,12 @@ StepGraph reorder(const StepGraph& graph, const std::vector<int>& perm) {
   return out;
 }
 
+StepGraph reorder_to_run(const StepGraph& graph, const std::vector<int>& perm) {
+  StepGraph out = reorder(graph, perm);
+  assign_in_place(out);
+  return out;
+}
+
 OrderChoice choose_schedule_order(const StepGraph& graph, const PlannerOptions& options,
                                   size_t fixed_tail, ScheduleOrder try_first) {
   OrderChoice best;
@@ -194,7 +200,7 @@ OrderChoice choose_schedule_order(const StepGraph& graph, const PlannerOptions& 
     PlannerOptions o = options;
     o.max_extra_cost = cap;
     for (size_t i = 0; i < perms.size(); ++i) {
-      StepPlan plan = plan_step(reorder(graph, perms[i]), o);
+      RecomputePlan plan = simulate_step(reorder(graph, perms[i]), o);
       bool better;
       if (!have) {
         better = true;

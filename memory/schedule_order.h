@@ -40,11 +40,16 @@ std::vector<int> inverse_permutation(const std::vector<int>& perm);
 /// `graph` with its kernels permuted by `perm` (from schedule_order); value ids unchanged.
 StepGraph reorder(const StepGraph& graph, const std::vector<int>& perm);
 
+/// reorder(graph, perm) with each kernel's in_place_input chosen again among its
+/// in_place_candidates for the new last reads (assign_in_place): the tables of a step that
+/// runs in that order.
+StepGraph reorder_to_run(const StepGraph& graph, const std::vector<int>& perm);
+
 /// The outcome of choose_schedule_order.
 struct OrderChoice {
   ScheduleOrder order = ScheduleOrder::Given;
   std::vector<int> perm;  ///< schedule_order(graph, order, fixed_tail)
-  StepPlan plan;          ///< plan_step on the reordered graph
+  RecomputePlan plan;     ///< simulate_step on the reordered graph
 };
 
 /// Plans the step in every order and keeps the best: without a budget the lowest peak;

@@ -27,7 +27,7 @@ struct WorkFloor {
   bool feasible = true;
   /// Least extra run time (the kernels' costs, seconds) any plan within the budget adds.
   double extra_cost = 0;
-  /// The step's own cost (sum of its kernels' costs), as StepPlan::base_cost.
+  /// The step's own cost (sum of its kernels' costs), as RecomputePlan::base_cost.
   double base_cost = 0;
   /// The kernel whose moment gives the floor (or the first that does not fit), or -1.
   int at_kernel = -1;

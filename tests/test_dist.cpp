@@ -14,6 +14,7 @@
 #include "frontend/kiln.h"
 #include "frontend/nn/nn.h"
 #include "frontend/optim.h"
+#include "memory/memory.h"
 
 using namespace kiln;
 using Catch::Matchers::Contains;
@@ -262,32 +263,69 @@ TEST_CASE("dist: DataParallel in one process buckets, hashes and trains like the
   CHECK(ddp.parameter_hash() != h);
 }
 
-TEST_CASE("dist: ZeRO-1 in one process owns every parameter and steps like its optimizer",
-          "[dist]") {
-  manual_seed(9);
-  nn::Linear plain(4, 3);
-  manual_seed(9);
-  nn::Linear sharded(4, 3);
-  optim::Adam full(plain.parameters(), {.lr = 0.05});
-  dist::ZeroRedundancyOptimizer zero(sharded.parameters(), [](std::vector<Tensor> ps) {
-    return std::make_unique<optim::Adam>(std::move(ps), optim::AdamOptions{.lr = 0.05});
-  });
-  CHECK(zero.owner(0) == 0);
-  CHECK(zero.owner(1) == 0);
-  REQUIRE(zero.local() != nullptr);
-  Tensor x = randn({6, 4});
-  for (int step = 0; step < 3; ++step) {
-    full.zero_grad();
-    zero.zero_grad();
-    sum(plain.forward(x) * plain.forward(x)).backward();
-    sum(sharded.forward(x) * sharded.forward(x)).backward();
-    full.step();
-    zero.step();
+// ZeRO's factory of Adam optimizers with learning rate 0.05.
+static std::unique_ptr<optim::Optimizer> adam_shards(std::vector<Tensor> ps) {
+  return std::make_unique<optim::Adam>(std::move(ps), optim::AdamOptions{.lr = 0.05});
+}
+
+// Stage 1 from the parameters (gradients averaged elsewhere: one rank, so nothing to do) and
+// stage 2 from a DataParallel, whose backward() then reduces into the shard.
+TEST_CASE("dist: ZeRO in one process holds one flat block and steps like its optimizer", "[dist]") {
+  for (int stage : {1, 2}) {
+    CAPTURE(stage);
+    manual_seed(9);
+    nn::Linear plain(4, 3);
+    manual_seed(9);
+    nn::Linear sharded(4, 3);
+    optim::Adam full(plain.parameters(), {.lr = 0.05});
+    dist::DataParallel ddp(sharded);
+    auto zero = stage == 1 ? std::make_unique<dist::ZeroRedundancyOptimizer>(sharded.parameters(),
+                                                                             adam_shards)
+                           : std::make_unique<dist::ZeroRedundancyOptimizer>(
+                                 ddp, adam_shards, dist::ZeroOptions{.stage = 2});
+    CHECK(zero->num_groups() == 1);
+    CHECK(zero->shard_numel(0) == 12 + 3);  // one rank: the whole flat vector, no padding
+    REQUIRE(zero->local() != nullptr);
+    Tensor x = randn({6, 4});
+    for (int step = 0; step < 3; ++step) {
+      full.zero_grad();
+      zero->zero_grad();
+      sum(plain.forward(x) * plain.forward(x)).backward();
+      ddp.backward(sum(sharded.forward(x) * sharded.forward(x)));
+      // Stage 2: the reducer took the gradients; the parameters hold none, the shard all.
+      CHECK(sharded.weight.grad().defined() == (stage == 1));
+      CHECK(zero->local_gradient_bytes() == (12 + 3) * sizeof(float));
+      full.step();
+      zero->step();
+    }
+    CHECK(plain.weight.to_vector<float>() == sharded.weight.to_vector<float>());
+    CHECK(plain.bias.to_vector<float>() == sharded.bias.to_vector<float>());
+    CHECK(zero->local_state_bytes() == 2 * (12 + 3) * sizeof(float));  // Adam's two moments
+
+    const std::vector<memory::RankBytes> held = memory::rank_bytes();
+    REQUIRE(held.size() == 2);  // the DataParallel and the ZeRO optimizer, in that order
+    CHECK(held[0].holder == "DataParallel");
+    CHECK_FALSE(held[0].optimizer_state.has_value());
+    CHECK(held[1].holder == "ZeRO-" + std::to_string(stage));
+    CHECK(held[1].rank == 0);
+    CHECK(held[1].ranks == 1);
+    CHECK(held[1].parameters == (12 + 3) * sizeof(float));
+    CHECK(held[1].gradients == (12 + 3) * sizeof(float));
+    CHECK(held[1].optimizer_state == 2 * (12 + 3) * sizeof(float));
+    CHECK_THAT(memory::report(),
+               Contains("[rank 0 of 1] ZeRO-" + std::to_string(stage) +
+                        ": parameters 60 B, gradients 60 B, optimizer state 120 B"));
+    CHECK_THAT(memory::plan_report(), Contains("training state held by this rank"));
   }
-  CHECK(plain.weight.to_vector<float>() == sharded.weight.to_vector<float>());
-  CHECK(plain.bias.to_vector<float>() == sharded.bias.to_vector<float>());
-  CHECK(zero.local_state_bytes() == 2 * (12 + 3) * sizeof(float));  // Adam's two moments
-  CHECK_THROWS_AS(dist::ZeroRedundancyOptimizer(
-                      {}, [](std::vector<Tensor>) { return std::unique_ptr<optim::Optimizer>(); }),
-                  ValueError);
+  auto none = [](std::vector<Tensor>) { return std::unique_ptr<optim::Optimizer>(); };
+  CHECK_THROWS_AS(dist::ZeroRedundancyOptimizer({}, none), ValueError);
+  nn::Linear layer(4, 3);
+  CHECK_THROWS_AS(
+      dist::ZeroRedundancyOptimizer(layer.parameters(), none, dist::world(), {.stage = 3}),
+      ValueError);
+}
+
+TEST_CASE("dist: the per-rank byte report is empty without DataParallel or ZeRO", "[dist]") {
+  CHECK(memory::rank_bytes().empty());
+  CHECK(memory::rank_bytes_report().empty());
 }

@@ -65,7 +65,7 @@ int run_plan_command(const Invocation& inv) {
   size_t unplanned = 0;
   for (mem::ScheduleOrder order : mem::all_orders()) {
     mem::StepGraph h = mem::reorder(g, mem::schedule_order(g, order, file.fixed_tail));
-    const size_t peak = mem::plan_step(h, mem::PlannerOptions{}).peak;
+    const size_t peak = mem::simulate_step(h, mem::PlannerOptions{}).peak;
     // Without a budget kiln runs the order of the lowest peak: shares are of that step.
     unplanned = orders.empty() ? peak : std::min(unplanned, peak);
     const size_t smallest = mem::smallest_feasible_budget(h, mem::PlannerOptions{});
@@ -113,7 +113,7 @@ int run_plan_command(const Invocation& inv) {
     text += line;
     Json row{{"budget", spec}, {"budget_bytes", budget}};
     for (const Ordered& o : orders) {
-      const mem::StepPlan p = mem::plan_step(o.graph, options);
+      const mem::RecomputePlan p = mem::simulate_step(o.graph, options);
       const double extra = p.base_cost > 0 ? 100.0 * p.extra_cost / p.base_cost : 0;
       if (p.feasible)
         std::snprintf(line, sizeof line, "  %-10s peak %s, +%.1f%% work, %zu rebuilds\n",

@@ -4,6 +4,8 @@
 //
 //   build/examples/ddp_digits                      one process, no launcher needed
 //   mpiexec -n 2 build/examples/ddp_digits         two ranks, each with half of each batch
+//   mpiexec -n 2 build/examples/ddp_digits --zero 2   ... with Adam's state and the
+//                                                  gradients sharded (ZeRO stage 2)
 //
 // docs/distributed.md explains launching, what is synchronised and running on a cluster.
 #include <kiln/kiln.h>
@@ -16,6 +18,7 @@
 #include "frontend/data.h"
 #include "frontend/nn/nn.h"
 #include "frontend/optim.h"
+#include "memory/memory.h"
 
 #ifndef KILN_SOURCE_DIR
 #define KILN_SOURCE_DIR "."
@@ -30,6 +33,11 @@ int train(const example::Flags& flags, dist::Communicator& comm) {
   const int64_t epochs = flags.integer("epochs");
   const int64_t hidden = flags.integer("hidden");
   const int64_t batch = flags.integer("batch-size");
+  const int64_t zero_stage = flags.integer("zero");
+  if (zero_stage < 0 || zero_stage > 2) {
+    throw example::UsageError("--zero must be 0 (no sharding), 1 or 2, got " +
+                              std::to_string(zero_stage));
+  }
   if (batch < comm.size() || batch % comm.size() != 0) {
     throw example::UsageError("--batch-size " + std::to_string(batch) +
                               " must be a multiple of the number of ranks (" +
@@ -55,7 +63,19 @@ int train(const example::Flags& flags, dist::Communicator& comm) {
   // Rank 0's initial weights on every rank, and the gradient buckets.
   dist::DataParallel ddp(*model, comm,
                          {.bucket_bytes = static_cast<size_t>(flags.real("bucket-mb") * 1e6)});
-  optim::Adam opt(model->parameters(), {.lr = flags.real("lr")});
+  // Adam, unsharded (--zero 0) or sharded by ZeRO, which then averages the gradients itself
+  // (all-reduce at stage 1, reduce-scatter at stage 2).
+  auto adam = [lr = flags.real("lr")](std::vector<Tensor> ps) {
+    return std::make_unique<optim::Adam>(std::move(ps), optim::AdamOptions{.lr = lr});
+  };
+  std::unique_ptr<optim::Optimizer> plain;
+  std::unique_ptr<dist::ZeroRedundancyOptimizer> zero;
+  if (zero_stage == 0) {
+    plain = adam(model->parameters());
+  } else {
+    zero = std::make_unique<dist::ZeroRedundancyOptimizer>(
+        ddp, adam, dist::ZeroOptions{.stage = static_cast<int>(zero_stage)});
+  }
   auto sampler = std::make_shared<dist::DistributedSampler>(
       train.size(), comm, dist::DistributedSamplerOptions{.shuffle = true, .seed = 1});
   data::DataLoader loader(train, {.batch_size = batch / comm.size(), .sampler = sampler});
@@ -73,11 +93,13 @@ int train(const example::Flags& flags, dist::Communicator& comm) {
     double loss_sum = 0;
     int64_t correct = 0, seen = 0;
     for (const data::Batch& b : loader) {
-      opt.zero_grad();
+      if (plain) plain->zero_grad();
+      if (zero) zero->zero_grad();
       Tensor logits = model->forward(b.features());
       Tensor loss = nn::cross_entropy(logits, b.targets());
       ddp.backward(loss);  // backward, then the average of the ranks' gradients
-      opt.step();
+      if (plain) plain->step();
+      if (zero) zero->step();
       Tensor hits = sum(argmax(logits, 1) == b.targets());
       eval({loss, hits});
       loss_sum += loss.item<double>() * static_cast<double>(b.size());  // per example
@@ -110,6 +132,12 @@ int train(const example::Flags& flags, dist::Communicator& comm) {
         "rank\ntest accuracy: %.1f%%\n",
         static_cast<long long>(epochs), example::seconds_since(start), comm.size(), test_acc);
   }
+  // What each rank holds of the training state (ZeRO shards it), rank by rank.
+  for (int r = 0; r < comm.size(); ++r) {
+    if (r == comm.rank()) std::printf("%s", memory::rank_bytes_report().c_str());
+    std::fflush(stdout);
+    comm.barrier();
+  }
   return 0;
 }
 
@@ -140,5 +168,8 @@ int main(int argc, char** argv) {
   flags.add("test-fraction", "0.2", "share of the samples held out for testing");
   flags.add("seed", "0", "seed of the initialisation (rank 0's weights are broadcast)");
   flags.add("bucket-mb", "25", "gradient all-reduce bucket size in MB");
+  flags.add("zero", "0",
+            "ZeRO stage: 0 (every rank holds all optimizer state), 1 (state sharded) or 2 "
+            "(state and gradients sharded)");
   return flags.main(argc, argv, run);
 }
