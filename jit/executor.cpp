@@ -17,8 +17,8 @@
 #include "../core/thread_pool.h"
 #include "../ops/transfer.h"
 #include "compiler.h"
-#include "custom_kernel.h"
 #include "cuda_launch.h"
+#include "custom_kernel.h"
 #include "fuse.h"
 #include "kernel_cache.h"
 #include "kernel_ir.h"
@@ -626,8 +626,7 @@ std::vector<CachedGroup> positional(const FusionPlan& plan, const Positions& p) 
 NodeRecord record_of(const Node& n, const Positions& p, bool output, bool stored) {
   NodeRecord r{n.op,     n.dtype,         n.device,      n.shape,     n.scalar, n.index_map,
                n.reduce, n.check_indices, n.weak_scalar, output,      stored,   n.axis,
-               n.seed,   n.offset,        n.origin,      n.composite, {},
-               n.custom};
+               n.seed,   n.offset,        n.origin,      n.composite, {},       n.custom};
   for (const NodePtr& in : n.inputs) r.inputs.push_back(p.ref(in.get()));
   return r;
 }
@@ -641,8 +640,9 @@ bool same_structure(const NodeRecord& r, const Node& n, const Positions& p, bool
       r.check_indices != n.check_indices || r.weak_scalar != n.weak_scalar || r.output != output ||
       r.stored != stored || r.axis != n.axis || r.origin != n.origin ||
       r.composite != n.composite || !(r.scalar == n.scalar) ||
-      (r.custom == nullptr) != (n.custom == nullptr) || (r.custom && !r.custom->same_as(*n.custom)) ||
-      r.index_map.size() != n.index_map.size() || r.inputs.size() != n.inputs.size())
+      (r.custom == nullptr) != (n.custom == nullptr) ||
+      (r.custom && !r.custom->same_as(*n.custom)) || r.index_map.size() != n.index_map.size() ||
+      r.inputs.size() != n.inputs.size())
     return false;
   for (size_t d = 0; d < r.shape.size(); ++d)
     if ((r.shape[d] == 1) != (n.shape[d] == 1)) return false;  // broadcasting is structure
