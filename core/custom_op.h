@@ -23,6 +23,9 @@ class CustomKernelOp {
   /// Exact comparison behind hash(): true when both compute the same value from the same
   /// inputs.
   virtual bool same_as(const CustomKernelOp& other) const = 0;
+  /// The same kernel and output whatever the sizes (what hash() sees): the plan cache's
+  /// structural comparison, so a new batch size reuses a plan.
+  virtual bool same_kernel(const CustomKernelOp& other) const = 0;
   /// Computes node `n`'s value on the host: `inputs` are its inputs' data (n.inputs order,
   /// host memory), `out` is n.nbytes() of host memory to fill.
   virtual void run(const Node& n, const std::vector<const void*>& inputs, void* out) const = 0;

@@ -17,34 +17,19 @@
 #include "hash.h"
 #include "kernel_cache.h"
 #include "nvrtc.h"
+#include "printer_common.h"
 
 namespace kiln::jit {
 namespace {
 
-const char* c_type(DType d) {
-  switch (d) {
-    case DType::Bool:
-      return "bool";
-    case DType::Int8:
-      return "signed char";
-    case DType::UInt8:
-      return "unsigned char";
-    case DType::Int16:
-      return "short";
-    case DType::Int32:
-      return "int";
-    case DType::Int64:
-      return "long long";
-    case DType::Float32:
-      return "float";
-    case DType::Float64:
-      return "double";
-    case DType::Float16:
-    case DType::BFloat16:
-      break;
-  }
-  throw DTypeError("[custom_kernel] " + std::string(dtype_name(d)) +
-                   " is not supported by custom kernels (float32, float64, integers and bool are)");
+// The element type a pointer is declared with: the generated kernels' storage types (bool
+// as unsigned char, int64 as i64). Halves would need the prelude's conversions: not yet.
+std::string c_type(DType d) {
+  if (d == DType::Float16 || d == DType::BFloat16)
+    throw DTypeError(
+        "[custom_kernel] " + std::string(dtype_name(d)) +
+        " is not supported by custom kernels (float32, float64, integers and bool are)");
+  return printing::storage_type(d);
 }
 
 // The bindings of every input and output: a typed pointer and its sizes read from `sizes`
@@ -85,7 +70,7 @@ std::string header_comment(const CustomKernelSignature& s) {
   for (size_t i = 0; i < s.output_names.size(); ++i)
     out += " " + s.output_names[i] + " " + std::string(dtype_name(s.output_dtypes[i])) + "[rank " +
            std::to_string(s.output_ranks[i]) + "]";
-  return out + "\n";
+  return out + "\ntypedef long long i64;  // the generated kernels' int64 storage type\n";
 }
 
 // `#line` makes the compiler's diagnostics point into the user's own text.
@@ -124,11 +109,14 @@ class CustomOutput final : public CustomKernelOp {
                         static_cast<uint64_t>(instance_->device.is_cuda()));
   }
   bool same_as(const CustomKernelOp& other) const override {
+    return same_kernel(other) && static_cast<const CustomOutput&>(other).instance_->output_shapes ==
+                                     instance_->output_shapes;
+  }
+  bool same_kernel(const CustomKernelOp& other) const override {
     auto* o = dynamic_cast<const CustomOutput*>(&other);
     if (o == nullptr || o->index_ != index_) return false;
-    if (o->instance_ == instance_) return true;
-    return o->instance_->source == instance_->source && o->instance_->device == instance_->device &&
-           o->instance_->output_shapes == instance_->output_shapes;
+    return o->instance_ == instance_ ||
+           (o->instance_->source == instance_->source && o->instance_->device == instance_->device);
   }
   void run(const Node& n, const std::vector<const void*>& inputs, void* out) const override;
   const CustomInstance& instance() const { return *instance_; }

@@ -458,7 +458,7 @@ struct NodeRecord {
   const char* origin;  // named in kernels' error sites and metadata
   const char* composite;
   std::vector<int> inputs;  // schedule positions, or -1 - leaf index
-  std::shared_ptr<const CustomKernelOp> custom;  // a user kernel's payload, compared exactly
+  std::shared_ptr<const CustomKernelOp> custom;  // a user kernel's payload (same_kernel)
 };
 struct LeafRecord {
   DType dtype;
@@ -641,7 +641,7 @@ bool same_structure(const NodeRecord& r, const Node& n, const Positions& p, bool
       r.stored != stored || r.axis != n.axis || r.origin != n.origin ||
       r.composite != n.composite || !(r.scalar == n.scalar) ||
       (r.custom == nullptr) != (n.custom == nullptr) ||
-      (r.custom && !r.custom->same_as(*n.custom)) || r.index_map.size() != n.index_map.size() ||
+      (r.custom && !r.custom->same_kernel(*n.custom)) || r.index_map.size() != n.index_map.size() ||
       r.inputs.size() != n.inputs.size())
     return false;
   for (size_t d = 0; d < r.shape.size(); ++d)

@@ -356,6 +356,11 @@ TEST_CASE("a custom kernel is shape-generic and cached by its source like any ke
   Tensor y = square(1000);
   y.eval();
   CHECK(jit::cache_stats().kernels_compiled == compiled);  // sizes are arguments
+  // The plan cache sees the same structure at another size too.
+  const uint64_t hits = jit::replay_stats().hits;
+  (square(2000) * 2.0f).eval();
+  (square(3000) * 2.0f).eval();
+  CHECK(jit::replay_stats().hits > hits);
   // The disk cache lists it under its entry point, with where it came from.
   bool listed = false;
   for (const jit::KernelRecord& r : jit::kernel_records())
@@ -416,6 +421,41 @@ TEST_CASE("a custom kernel's gradient may be another custom kernel or ops",
   Tensor z = plain({x}, {{{3}, DType::Float64}})[0];
   CHECK_FALSE(z.requires_grad());
   CHECK_THROWS_AS(grad(sum(z), {x}), ValueError);
+}
+
+TEST_CASE("two calls of a custom kernel on the same inputs run it once, and dumps name it",
+          "[custom][custom_kernel]") {
+  CustomKernel k(square_spec("square_cse"));
+  Tensor x = from_vector(std::vector<float>{1, -2, 3}, {3});
+  auto launches = [] {
+    uint64_t count = 0;
+    for (const jit::KernelRecord& r : jit::kernel_records())
+      if (r.name == "kiln_custom_square_cse") count += r.launches;
+    return count;
+  };
+  Tensor a = k({x}, {{{3}, DType::Float32}})[0];
+  Tensor b = k({x}, {{{3}, DType::Float32}})[0];
+  CHECK(dump_graph({a}).find("kernel=square_cse") != std::string::npos);
+  const uint64_t before = launches();
+  Tensor s = a + b;
+  CHECK(s.to_vector<float>() == std::vector<float>{2, 8, 18});
+  CHECK(launches() - before == 1);  // CSE: same source, sizes and input
+}
+
+TEST_CASE("a custom kernel's gradient returning the wrong gradients names the kernel",
+          "[custom][custom_kernel][errors]") {
+  CustomKernel k(square_spec("square_bad_grad"),
+                 [](const std::vector<Tensor>& in, const std::vector<Tensor>&,
+                    const std::vector<Tensor>&) { return std::vector<Tensor>{in[0], in[0]}; });
+  Tensor x = from_vector(std::vector<float>{1, 2}, {2}).requires_grad_();
+  try {
+    (void)grad(sum(k({x}, {{{2}, DType::Float32}})[0]), {x});
+    FAIL("expected ValueError");
+  } catch (const ValueError& e) {
+    INFO(e.what());
+    CHECK(std::string(e.what()).find("[square_bad_grad backward] returned 2 gradients") !=
+          std::string::npos);
+  }
 }
 
 TEST_CASE("a custom kernel that does not compile raises CompileError and leaves the cache usable",
