@@ -7,6 +7,8 @@
 #include <unordered_set>
 #include <utility>
 
+#include "custom_op.h"
+
 namespace kiln {
 namespace {
 
@@ -87,6 +89,9 @@ std::string attributes(const Node& n) {
     case OpCode::ReindexReduce:
       s += " map=" + index_map_str(n.index_map);
       if (n.check_indices) s += " check_indices";
+      break;
+    case OpCode::Custom:
+      if (n.custom) s += " kernel=" + n.custom->name();
       break;
     default:
       // A weak scalar may also be a constant (a rank-0 buffer) rather than a full.

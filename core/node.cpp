@@ -163,6 +163,7 @@ NodePtr Node::with(OpCode new_op, std::vector<NodePtr> new_inputs, Device new_de
   copy->composite = composite;
   copy->checkpoint_region = checkpoint_region;
   copy->store_hint = store_hint;
+  copy->custom = custom;
   copy->requires_grad = false;
   return copy;
 }

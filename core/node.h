@@ -19,6 +19,8 @@ namespace kiln {
 
 struct Node;
 using NodePtr = std::shared_ptr<Node>;
+class CustomKernelOp;  // core/custom_op.h
+struct CustomGrad;     // ops/custom_function.h: opaque to core
 
 /// One meta-op application. Attributes not used by an op keep their defaults.
 /// Whether fusion stores a value it would otherwise inline into its consumers.
@@ -73,6 +75,8 @@ struct Node : std::enable_shared_from_this<Node> {
   /// Fusion stores this value instead of inlining it into its consumers (StoreHint). A hint
   /// only: results do not change, and a memory budget may still drop and rebuild the value.
   StoreHint store_hint = StoreHint::None;
+  /// Custom: the user kernel this node runs (core/custom_op.h).
+  std::shared_ptr<const CustomKernelOp> custom;
 
   // --- autograd ---
   /// Gradients flow through this node: set at construction when grad mode is on, the dtype
@@ -83,6 +87,10 @@ struct Node : std::enable_shared_from_this<Node> {
   /// The accumulated gradient of a leaf (Tensor::grad()); counted as a user handle so that a
   /// pending gradient is evaluated together with the step that reads it.
   NodePtr grad;
+  /// Set on a value returned by a custom autograd function (kiln::autograd::Function): its
+  /// gradient comes from the function's backward, and autograd walks to the function's
+  /// inputs instead of this node's. Simplify never replaces or merges such a node.
+  std::shared_ptr<const CustomGrad> custom_grad;
 
   // --- state ---
   /// The value, once evaluated. Constants are created with one and never lose it.

@@ -10,7 +10,9 @@ namespace kiln {
 
 /// How an op maps inputs to outputs; passes query families rather than individual ops.
 /// Transfer moves a value between devices; it never fuses and is not printed as a kernel.
-enum class OpFamily : uint8_t { Source, Elementwise, Reindex, ReindexReduce, Transfer };
+/// Custom runs a user's kernel (kiln::custom_kernel): opaque to the passes, it never fuses,
+/// and its inputs and output are stored.
+enum class OpFamily : uint8_t { Source, Elementwise, Reindex, ReindexReduce, Transfer, Custom };
 
 // clang-format off
 #define KILN_META_OPS(X)                                          \
@@ -74,7 +76,9 @@ enum class OpFamily : uint8_t { Source, Elementwise, Reindex, ReindexReduce, Tra
   X(Reindex, "reindex", Reindex, -1)                              \
   X(ReindexReduce, "reindex_reduce", ReindexReduce, -1)         \
   /* placement */                                                 \
-  X(Transfer, "to_device", Transfer, 1)
+  X(Transfer, "to_device", Transfer, 1)                           \
+  /* user kernels */                                              \
+  X(Custom, "custom", Custom, -1)
 // clang-format on
 
 /// Identifies a meta-op.
@@ -88,7 +92,7 @@ enum class OpCode : uint8_t {
 std::string_view op_name(OpCode op);
 /// The op's family.
 OpFamily op_family(OpCode op);
-/// Number of inputs, or -1 for reindex ops (data input plus index tensors).
+/// Number of inputs, or -1 for reindex ops (data input plus index tensors) and custom kernels.
 int op_arity(OpCode op);
 
 /// The combining operator of a reindex-reduce.

@@ -2,6 +2,8 @@
 
 #include <cstring>
 
+#include "custom_op.h"
+
 namespace kiln {
 namespace {
 
@@ -65,6 +67,7 @@ uint64_t hash_attributes(uint64_t h, const Node& n, bool generator_state) {
     h = hash_combine(h, n.seed);
     h = hash_combine(h, n.offset);
   }
+  if (n.custom) h = hash_combine(h, n.custom->hash());
   return hash_combine(h, n.weak_scalar ? 1 : 0);
 }
 
@@ -113,6 +116,10 @@ uint64_t node_value_key(const Node& n, const uint64_t* input_keys, size_t num_in
 bool same_value(const Node& a, const Node& b) {
   if (&a == &b) return true;
   if (is_leaf(a) || is_leaf(b)) return false;
+  // Each application of a custom autograd function is its own gradient edge.
+  if (a.custom_grad || b.custom_grad) return false;
+  if ((a.custom == nullptr) != (b.custom == nullptr) || (a.custom && !a.custom->same_as(*b.custom)))
+    return false;
   if (a.op != b.op || a.dtype != b.dtype || !(a.device == b.device) || a.shape != b.shape)
     return false;
   if (!(a.scalar == b.scalar) || a.index_map.size() != b.index_map.size() || a.reduce != b.reduce ||

@@ -18,6 +18,7 @@
 #include "../ops/transfer.h"
 #include "compiler.h"
 #include "cuda_launch.h"
+#include "custom_kernel.h"
 #include "fuse.h"
 #include "kernel_cache.h"
 #include "kernel_ir.h"
@@ -351,6 +352,7 @@ void run_group(const FusionGroup& group, Launch* launch, const Positions* positi
     return;
   }
   if (group.library) return group.conv.root ? run_conv(group.conv) : run_gemm(group.gemm);
+  if (target.op == OpCode::Custom) return run_custom_kernel(target);
   LoweredKernel scratch;
   KernelHandle h;
   const LoweredKernel& lk = launch_for(group, launch, scratch, h, positions, schedule);
@@ -456,6 +458,7 @@ struct NodeRecord {
   const char* origin;  // named in kernels' error sites and metadata
   const char* composite;
   std::vector<int> inputs;  // schedule positions, or -1 - leaf index
+  std::shared_ptr<const CustomKernelOp> custom;  // a user kernel's payload (same_kernel)
 };
 struct LeafRecord {
   DType dtype;
@@ -623,7 +626,7 @@ std::vector<CachedGroup> positional(const FusionPlan& plan, const Positions& p) 
 NodeRecord record_of(const Node& n, const Positions& p, bool output, bool stored) {
   NodeRecord r{n.op,     n.dtype,         n.device,      n.shape,     n.scalar, n.index_map,
                n.reduce, n.check_indices, n.weak_scalar, output,      stored,   n.axis,
-               n.seed,   n.offset,        n.origin,      n.composite, {}};
+               n.seed,   n.offset,        n.origin,      n.composite, {},       n.custom};
   for (const NodePtr& in : n.inputs) r.inputs.push_back(p.ref(in.get()));
   return r;
 }
@@ -637,7 +640,9 @@ bool same_structure(const NodeRecord& r, const Node& n, const Positions& p, bool
       r.check_indices != n.check_indices || r.weak_scalar != n.weak_scalar || r.output != output ||
       r.stored != stored || r.axis != n.axis || r.origin != n.origin ||
       r.composite != n.composite || !(r.scalar == n.scalar) ||
-      r.index_map.size() != n.index_map.size() || r.inputs.size() != n.inputs.size())
+      (r.custom == nullptr) != (n.custom == nullptr) ||
+      (r.custom && !r.custom->same_kernel(*n.custom)) || r.index_map.size() != n.index_map.size() ||
+      r.inputs.size() != n.inputs.size())
     return false;
   for (size_t d = 0; d < r.shape.size(); ++d)
     if ((r.shape[d] == 1) != (n.shape[d] == 1)) return false;  // broadcasting is structure
@@ -1021,7 +1026,9 @@ void prepare_launches(const FusionPlan& plan, CachedPlan& c, const Positions& p)
   std::vector<Launch*> lowered;  // launches lowered here that still need their kernel
   std::vector<const KernelIR*> irs;
   for (const FusionGroup& g : plan.groups) {
-    if (g.library || g.root->op == OpCode::Transfer || g.root->device.is_cuda()) continue;
+    if (g.library || g.root->op == OpCode::Transfer || g.root->op == OpCode::Custom ||
+        g.root->device.is_cuda())
+      continue;
     Launch& launch = c.launches.at(static_cast<size_t>(g.index));
     if (launch.ready) continue;
     try {

@@ -106,8 +106,9 @@ FusionPlan fuse(const std::vector<Node*>& schedule, const std::unordered_set<Nod
       Node* in = n->inputs[k].get();
       consumers[in]++;
       bool index_tensor = k > 0 && (n->op == OpCode::Reindex || n->op == OpCode::ReindexReduce);
-      // A transfer copies a stored value, so what it reads is stored too.
-      if (index_tensor || n->op == OpCode::Transfer) forced.insert(in);
+      // A transfer copies a stored value, so what it reads is stored too; so does a user
+      // kernel, which reads its inputs through plain pointers.
+      if (index_tensor || n->op == OpCode::Transfer || n->op == OpCode::Custom) forced.insert(in);
       if (n->op == OpCode::Reindex && k == 0) {
         widest_read[in] = std::max(widest_read[in], n->numel());
       }
@@ -236,7 +237,7 @@ FusionPlan fuse(const std::vector<Node*>& schedule, const std::unordered_set<Nod
                   convs.count(n) ||
                   (n->op == OpCode::ReindexReduce && !accumulated.count(n) && !row_stage &&
                    !conv_inner.count(n)) ||
-                  n->op == OpCode::Transfer;
+                  n->op == OpCode::Transfer || n->op == OpCode::Custom;
       // Long chains are cut into kernels of bounded depth: lowering walks them recursively
       // and one huge expression compiles slowly.
       if (!keep && dep >= kMaxInlineDepth) keep = true;

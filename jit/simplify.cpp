@@ -400,6 +400,9 @@ class Simplifier {
   }
 
   Replacement apply_rules(const Node& n) {
+    // A custom function's output is its own gradient edge: replacing it by the equal value
+    // it wraps would cut autograd's path to the function's backward.
+    if (n.custom_grad) return {};
     switch (op_family(n.op)) {
       case OpFamily::Elementwise: return n.op == OpCode::Cast ? cast_rules(n) : elementwise_rules(n);
       case OpFamily::Reindex: return reindex_rules(n);

@@ -11,6 +11,7 @@
 #include <unordered_set>
 
 #include "autocast.h"
+#include "custom_function.h"
 #include "elementwise.h"
 #include "shape_ops.h"
 #include "sources.h"
@@ -59,6 +60,8 @@ std::vector<Tensor> vjp(const Node& n, const Tensor& g) {
       return detail::reindex_vjp(n, inputs, out, g);
     case OpFamily::Transfer:
       return detail::transfer_vjp(n, g);
+    case OpFamily::Custom:
+      return {};  // a custom kernel's gradient is its Function's backward (custom_grad)
   }
   return {};
 }
@@ -86,8 +89,9 @@ std::vector<Node*> backward_order(const char* what, Node* output,
   while (!stack.empty()) {
     auto& [n, next] = stack.back();
     bool descend = !n->grad_leaf || n == output;
-    if (descend && next < n->inputs.size()) {
-      Node* in = n->inputs[next++].get();
+    const std::vector<NodePtr>& edges = detail::gradient_inputs(*n);
+    if (descend && next < edges.size()) {
+      Node* in = edges[next++].get();
       if (in->grad_leaf && in->replaced) raise_updated_leaf(what, *in);
       if (in->requires_grad && !reaches.count(in)) {
         reaches[in] = false;
@@ -97,7 +101,7 @@ std::vector<Node*> backward_order(const char* what, Node* output,
     }
     bool r = wanted(n);
     if (descend) {
-      for (const NodePtr& in : n->inputs) {
+      for (const NodePtr& in : detail::gradient_inputs(*n)) {
         auto it = reaches.find(in.get());
         if (it != reaches.end() && it->second) r = true;
       }
@@ -188,6 +192,7 @@ std::unordered_map<Node*, Tensor> propagate(const std::vector<Node*>& order, Nod
   // kernel summed T mod 8 terms, a new kernel for each new sequence length. Stored, every
   // kernel adds one term to a stored total. Sums with terms to compute stay fused.
   std::unordered_map<Node*, std::pair<int, bool>> terms;
+  detail::CustomFunctionGradients functions([&](Node* n) { return on_path.count(n) > 0; });
   auto stored_term = [](const Tensor& t) {
     return t.node()->is_evaluated() || t.node()->op == OpCode::ReindexReduce;
   };
@@ -215,6 +220,13 @@ std::unordered_map<Node*, Tensor> propagate(const std::vector<Node*>& order, Nod
     if (it == grads.end()) continue;
     if (n->grad_leaf && n != output) continue;
     Tensor g = it->second;
+    // A custom function's output: its backward gives the arguments' gradients, once every
+    // output of the same application on the path has its gradient.
+    if (n->custom_grad) {
+      for (auto& [arg, ga] : functions.take(*n, g))
+        if (on_path.count(arg)) accumulate(arg, std::move(ga));
+      continue;
+    }
     // A composite whose rule skips its inner nodes: they get no gradient and are passed over.
     if (Node* z = detail::softmax_input(*n); z != nullptr && on_path.count(z)) {
       accumulate(z, detail::softmax_vjp(*n, g));

@@ -6,6 +6,7 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "../core/custom_op.h"
 #include "../core/philox.h"
 #include "../core/tensor.h"
 #include "elementwise.h"
@@ -286,6 +287,13 @@ void run_on_host(Node& n, void* out) {
     case OpCode::Transfer:
       if (n.nbytes() > 0) std::memcpy(out, n.inputs[0]->buffer->data(), n.nbytes());
       break;
+    case OpCode::Custom: {
+      // A user kernel is opaque: the oracle runs the same compiled kernel the JIT does.
+      std::vector<const void*> inputs;
+      for (const NodePtr& in : n.inputs) inputs.push_back(in->buffer->data());
+      n.custom->run(n, inputs, out);
+      break;
+    }
     case OpCode::Constant:
       throw ValueError("[reference] constant node without a value");
     default:

@@ -16,7 +16,9 @@ bool data_free(const Node& root, std::unordered_map<const Node*, bool>& memo) {
   // Iterative: graphs can be 100,000 nodes deep.
   std::vector<std::pair<const Node*, size_t>> stack{{&root, 0}};
   auto leaf_answer = [](const Node& n) -> int {
-    if (n.is_evaluated() || n.op == OpCode::Constant || n.op == OpCode::Transfer || n.grad_leaf)
+    // A user kernel is compiled for its device: it is never rebuilt on another.
+    if (n.is_evaluated() || n.op == OpCode::Constant || n.op == OpCode::Transfer ||
+        n.op == OpCode::Custom || n.grad_leaf)
       return 0;
     return n.inputs.empty() ? 1 : -1;  // -1: depends on the inputs
   };

@@ -1501,6 +1501,9 @@ inline const std::map<std::string, std::string>& grad_exempt_ops() {
       {"elementwise", "the builder every elementwise case goes through"},
       {"scalar_tensor", "a constant"},
       {"to", "a copy between devices: needs a second device (tests/test_cuda_runtime.cpp)"},
+      {"custom",
+       "a user kernel (CustomKernel): differentiable only through the gradient its "
+       "author gives, which tests/test_custom_op.cpp checks against differences"},
   };
   return m;
 }

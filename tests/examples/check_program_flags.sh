@@ -3,7 +3,7 @@
 # its workload) and rejects an unknown flag (exit 2, naming the flag, usage on stderr). The
 # examples also turn a bad KILN_* variable into one "error:" line naming it and exit 1,
 # never an abort. Usage: check_program_flags.sh PROGRAM... (examples' names end in
-# quickstart, digits_mlp, char_lstm or tiny_gpt; benchmarks' in bench_*; the tool is kiln).
+# quickstart, custom_op, digits_mlp, char_lstm or tiny_gpt; benchmarks' in bench_*; the tool is kiln).
 set -u
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
@@ -44,6 +44,7 @@ for prog in "$@"; do
       vars=(KILN_NUM_THREADS=lots KILN_SEED=-1 KILN_MEMORY_BUDGET=plenty KILN_MEMORY_BUDGET=0.5)
       ;;
     digits_mlp | char_lstm) vars=(KILN_SEED=-1) ;;
+    custom_op) vars=(KILN_NUM_THREADS=lots KILN_MEMORY_BUDGET=plenty) ;;
   esac
   if ((${#vars[@]} > 0)); then
     for var in "${vars[@]}"; do
