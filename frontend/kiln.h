@@ -16,3 +16,4 @@
 #include "optim.h"
 #include "serialize.h"
 #include "state_dict.h"
+#include "training_monitor.h"
