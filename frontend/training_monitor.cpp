@@ -223,9 +223,12 @@ void TrainingMonitor::check_warnings(const StepMetrics& m) {
     warn("step " + std::to_string(m.step) + ": the step's memory peak " +
          memory::format_bytes(m.memory_peak) + " is " + format("%.0f", 100 * m.memory_fraction) +
          "% of the " + memory::format_bytes(m.memory_limit) + " " + limit_kind_ + " (warning at " +
-         format("%.0f", 100 * options_.memory_warning) +
-         "%); a memory budget (memory::set_budget) makes kiln recompute values to stay "
-         "below it");
+         format("%.0f", 100 * options_.memory_warning) + "%); " +
+         (limit_kind_ == "budget"
+              ? "kiln holds a budget by releasing values and recomputing them "
+                "(memory::plan_report() says which, and what that costs)"
+              : "a memory budget below it (memory::set_budget) makes kiln recompute values "
+                "to stay within it"));
   memory_high_ = m.over_memory_warning;
 }
 

@@ -319,6 +319,9 @@ TEST_CASE("monitor warns when memory crosses the warning share", "[monitor]") {
   }
 
   SECTION("against a budget, which is the limit once set") {
+    struct ClearBudget {
+      ~ClearBudget() { memory::clear_budget(); }
+    } clear_at_end;  // also when a REQUIRE fails
     memory::set_budget(size_t{1} << 40);
     TrainingMonitorOptions o = quiet();
     TrainingMonitor monitor({w}, o);
@@ -329,7 +332,6 @@ TEST_CASE("monitor warns when memory crosses the warning share", "[monitor]") {
     // A budget the step's peak exceeds 85% of: just above the peak.
     memory::set_budget(m.memory_peak + m.memory_peak / 20 + 4096);
     m = run_step(monitor);
-    memory::clear_budget();
     INFO("peak " << m.memory_peak << " of " << m.memory_limit);
     REQUIRE(m.over_memory_warning);
     REQUIRE(monitor.warnings().size() == 1);
