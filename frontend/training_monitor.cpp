@@ -64,33 +64,32 @@ memory::CachingPool& pool_of(Device device) {
   return memory::host_pool();
 }
 
-// The values of one step in columns() order.
-std::vector<double> row_of(const StepMetrics& m) {
-  auto d = [](auto v) { return static_cast<double>(v); };
-  return {d(m.step),
-          m.loss,
-          m.smoothed_loss,
-          m.grad_norm,
-          m.lr,
-          d(m.samples),
-          m.seconds,
-          m.throughput,
-          m.elapsed,
-          d(m.memory_peak),
-          d(m.memory_current),
-          d(m.memory_reserved),
-          d(m.memory_limit),
-          m.memory_fraction};
-}
+// The logs' columns, each with how it reads a step: one table, so names and values cannot
+// fall out of step.
+struct Column {
+  const char* name;
+  double (*value)(const StepMetrics&);
+};
+// clang-format off
+#define KILN_COLUMN(field) \
+  {#field, [](const StepMetrics& m) { return static_cast<double>(m.field); }}
+const Column kColumns[] = {
+    KILN_COLUMN(step),         KILN_COLUMN(loss),           KILN_COLUMN(smoothed_loss),
+    KILN_COLUMN(grad_norm),    KILN_COLUMN(lr),             KILN_COLUMN(samples),
+    KILN_COLUMN(seconds),      KILN_COLUMN(throughput),     KILN_COLUMN(elapsed),
+    KILN_COLUMN(memory_peak),  KILN_COLUMN(memory_current), KILN_COLUMN(memory_reserved),
+    KILN_COLUMN(memory_limit), KILN_COLUMN(memory_fraction)};
+#undef KILN_COLUMN
+// clang-format on
 
 }  // namespace
 
 const std::vector<std::string>& TrainingMonitor::columns() {
-  static const std::vector<std::string> names = {
-      "step",         "loss",           "smoothed_loss",  "grad_norm",
-      "lr",           "samples",        "seconds",        "throughput",
-      "elapsed",      "memory_peak",    "memory_current", "memory_reserved",
-      "memory_limit", "memory_fraction"};
+  static const std::vector<std::string> names = [] {
+    std::vector<std::string> v;
+    for (const Column& c : kColumns) v.push_back(c.name);
+    return v;
+  }();
   return names;
 }
 
@@ -301,17 +300,20 @@ void TrainingMonitor::display(const StepMetrics& m) {
 }
 
 void TrainingMonitor::write_logs(const StepMetrics& m) {
-  if (!csv_.is_open() && !jsonl_.is_open()) return;
-  const std::vector<double> row = row_of(m);
-  const std::vector<std::string>& names = columns();
   if (csv_.is_open()) {
-    for (size_t i = 0; i < row.size(); ++i) csv_ << (i ? "," : "") << csv_number(row[i]);
+    const char* sep = "";
+    for (const Column& c : kColumns) {
+      csv_ << sep << csv_number(c.value(m));
+      sep = ",";
+    }
     csv_ << '\n' << std::flush;
   }
   if (jsonl_.is_open()) {
-    jsonl_ << '{';
-    for (size_t i = 0; i < row.size(); ++i)
-      jsonl_ << (i ? ", " : "") << '"' << names[i] << "\": " << json_number(row[i]);
+    const char* sep = "{";
+    for (const Column& c : kColumns) {
+      jsonl_ << sep << '"' << c.name << "\": " << json_number(c.value(m));
+      sep = ", ";
+    }
     jsonl_ << "}\n" << std::flush;
   }
 }
