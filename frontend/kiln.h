@@ -18,3 +18,4 @@
 #include "optim.h"
 #include "serialize.h"
 #include "state_dict.h"
+#include "training_monitor.h"

@@ -508,27 +508,42 @@ Tensor vector_norm(const Tensor& x, double norm_type) {
   return pow(sum(pow(a, norm_type)), 1.0 / norm_type);
 }
 
-}  // namespace
-
-Tensor clip_grad_norm(const std::vector<Tensor>& params, double max_norm, double norm_type,
-                      bool error_if_nonfinite) {
+// The joint norm of the defined gradients of `params` (those are appended to `with_grad`
+// when given); `op` names the caller in messages.
+Tensor joint_grad_norm(const std::vector<Tensor>& params, double norm_type, const char* op,
+                       std::vector<Tensor>* with_grad) {
   if (!(norm_type >= 0) || (std::isinf(norm_type) && norm_type < 0)) {
-    throw ValueError("[clip_grad_norm] expected norm_type >= 0 or inf, got " + num(norm_type));
-  }
-  if (!(max_norm >= 0)) {
-    throw ValueError("[clip_grad_norm] expected max_norm >= 0, got " + num(max_norm));
+    throw ValueError(std::string("[") + op + "] expected norm_type >= 0 or inf, got " +
+                     num(norm_type));
   }
   NoGradGuard no_grad;
-  std::vector<Tensor> with_grad, norms;
+  std::vector<Tensor> norms;
   for (const Tensor& p : params) {
-    if (!p.defined()) throw ValueError("[clip_grad_norm] a parameter is undefined");
+    if (!p.defined()) throw ValueError(std::string("[") + op + "] a parameter is undefined");
     Tensor g = p.grad();
     if (!g.defined()) continue;
-    with_grad.push_back(p);
+    if (with_grad) with_grad->push_back(p);
     if (g.numel() > 0) norms.push_back(vector_norm(widened(g), norm_type));
   }
   if (norms.empty()) return kiln::tensor(0.0f);
-  Tensor total = norms.size() == 1 ? norms[0] : vector_norm(stack(norms), norm_type);
+  return norms.size() == 1 ? norms[0] : vector_norm(stack(norms), norm_type);
+}
+
+}  // namespace
+
+Tensor total_grad_norm(const std::vector<Tensor>& params, double norm_type) {
+  return joint_grad_norm(params, norm_type, "total_grad_norm", nullptr);
+}
+
+Tensor clip_grad_norm(const std::vector<Tensor>& params, double max_norm, double norm_type,
+                      bool error_if_nonfinite) {
+  if (!(max_norm >= 0)) {
+    throw ValueError("[clip_grad_norm] expected max_norm >= 0, got " + num(max_norm));
+  }
+  std::vector<Tensor> with_grad;
+  Tensor total = joint_grad_norm(params, norm_type, "clip_grad_norm", &with_grad);
+  if (with_grad.empty()) return total;
+  NoGradGuard no_grad;
   if (error_if_nonfinite) {
     const double value = total.item<double>();
     if (!std::isfinite(value)) {

@@ -311,6 +311,10 @@ class NonFiniteNormError : public ValueError {
   using ValueError::ValueError;
 };
 
+/// The joint `norm_type`-norm (inf for the max norm) of the defined gradients of `params`,
+/// as torch.nn.utils.get_total_norm of their gradients: lazy, rank-0, summed in float32 at
+/// least; 0 when no parameter has a gradient. ValueError for a norm_type below 0.
+Tensor total_grad_norm(const std::vector<Tensor>& params, double norm_type = 2.0);
 /// Scales the gradients of `params` so that their joint `norm_type`-norm (inf for the max
 /// norm) is at most `max_norm`, as torch.nn.utils.clip_grad_norm_: coefficient
 /// min(max_norm / (total + 1e-6), 1). Returns the total norm before clipping (lazy,

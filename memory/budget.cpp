@@ -33,13 +33,13 @@ void load_environment_locked() {
   g_loaded = true;
 }
 
+}  // namespace
+
 size_t total_memory(Device device) {
   if (device.is_cuda()) return cuda::memory_info(device.index).second;
   long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
   return pages > 0 && page > 0 ? static_cast<size_t>(pages) * static_cast<size_t>(page) : 0;
 }
-
-}  // namespace
 
 void set_budget(size_t bytes) {
   std::lock_guard lock(g_mutex);

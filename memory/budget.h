@@ -22,6 +22,9 @@ void set_budget(const std::string& spec);
 void set_budget(const BudgetSpec& spec);
 /// Removes the budget (the same as set_budget(0)).
 void clear_budget();
+/// Bytes of memory `device` has: physical RAM for the cpu (0 when the OS does not say),
+/// the driver's total for a CUDA device (DeviceError without one).
+size_t total_memory(Device device);
 /// The budget in bytes for `device`, or 0 when there is none.
 size_t budget(Device device = Device::cpu());
 /// Makes the static plan for budget × (1 + `fraction`) while execution still holds the

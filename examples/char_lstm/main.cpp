@@ -5,7 +5,6 @@
 #include <kiln/kiln.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <random>
@@ -42,7 +41,7 @@ class CharLSTM : public nn::Module {
 };
 
 int run(const example::Flags& flags) {
-  example::check_memory_flags(flags);
+  example::check_memory_flags(flags, {"log-csv", "log-jsonl"});
   const example::AmpMode amp_mode = example::amp_mode(flags);
   manual_seed(static_cast<uint64_t>(flags.integer("seed")));
   example::TextCorpus corpus(flags.str("text"));
@@ -65,7 +64,8 @@ int run(const example::Flags& flags) {
 
   std::mt19937_64 rng(static_cast<uint64_t>(flags.integer("seed")));
   example::apply_memory_flags(flags);
-  example::TrainingLog log(steps);
+  // Loss, gradient norm, memory and tokens per second each step, at no extra evaluation.
+  TrainingMonitor monitor(params, example::monitor_options(flags, steps, "tokens", 0.9));
   for (int64_t step = 1; step <= steps; ++step) {
     auto [x, y] = corpus.batch(batch, seq, rng);
     opt.zero_grad();
@@ -78,12 +78,15 @@ int run(const example::Flags& flags) {
     }
     scaler.scale(loss).backward();
     scaler.unscale_(opt);  // clip the true gradients (a no-op without loss scaling)
-    optim::clip_grad_norm(params, 1.0);
+    Tensor norm = optim::clip_grad_norm(params, 1.0);  // the norm before clipping
+    monitor.watch_grad_norm(norm);
     scaler.step(opt);  // opt.step(), skipped when a float16 gradient overflowed
     scaler.update();
-    log.step(step, loss.item<double>());
+    eval({loss, norm});  // one graph: forward, backward, clipping, update and the norm
+    monitor.step(loss, batch * seq);
   }
-  log.finish(corpus.vocab_size());
+  monitor.finish();
+  example::print_loss_change(monitor, corpus.vocab_size());
   example::report_training_memory(flags);  // before sampling replaces the last step
 
   // Sampling: feed one character at a time, carrying the LSTM state.
@@ -130,6 +133,7 @@ int main(int argc, char** argv) {
   flags.add("sample-length", "300", "characters to generate");
   flags.add("temperature", "0.7", "sampling temperature (lower: more conservative)");
   example::add_amp_flag(flags);
+  example::add_monitor_flags(flags);
   example::add_memory_flags(flags);
   return flags.main(argc, argv, run);
 }

@@ -1,8 +1,8 @@
 #pragma once
 // What the training examples share: the flag parser (flags.h), a one-line progress bar,
-// mixed precision (--amp), the memory budget and pictures of a training step
-// (--memory-budget, --memory-timeline, --trace), and the closing report (kernel cache, memory
-// pools, budget and the last step's plan).
+// mixed precision (--amp), the training monitor's logs (--log-csv, --log-jsonl), the memory
+// budget and pictures of a training step (--memory-budget, --memory-timeline, --trace), and
+// the closing report (kernel cache, memory pools, budget and the last step's plan).
 #include <kiln/kiln.h>
 #include <unistd.h>
 
@@ -82,6 +82,26 @@ inline AmpMode amp_mode(const Flags& flags) {
     throw UsageError("--amp expects off, bf16 or fp16, got '" + value + "'");
   }
   return mode;
+}
+
+/// Declares --log-csv FILE and --log-jsonl FILE: kiln::TrainingMonitor's per-step metrics
+/// (loss, gradient norm, memory, throughput) as CSV rows or JSON lines.
+inline void add_monitor_flags(Flags& flags) {
+  flags.add("log-csv", "", "write each training step's metrics to this CSV file");
+  flags.add("log-jsonl", "", "write each training step's metrics to this file as JSON lines");
+}
+
+/// The TrainingMonitor of a run of `steps` steps that counts `unit` (samples, tokens), with
+/// the logs --log-csv and --log-jsonl ask for (check_memory_flags checks their paths when
+/// given "log-csv" and "log-jsonl") and the displayed loss averaged with `loss_smoothing`.
+inline kiln::TrainingMonitorOptions monitor_options(const Flags& flags, int64_t steps,
+                                                    const std::string& unit,
+                                                    double loss_smoothing = 0) {
+  return {.total_steps = steps,
+          .unit = unit,
+          .loss_smoothing = loss_smoothing,
+          .csv_path = flags.str("log-csv"),
+          .jsonl_path = flags.str("log-jsonl")};
 }
 
 /// Declares --memory-budget SPEC (as KILN_MEMORY_BUDGET, which it overrides), and

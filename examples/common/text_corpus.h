@@ -4,7 +4,6 @@
 #include <kiln/kiln.h>
 
 #include <array>
-#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <random>
@@ -80,32 +79,11 @@ inline int64_t sample_token(const kiln::Tensor& logits, double temperature, std:
   return std::discrete_distribution<int64_t>(probs.begin(), probs.end())(rng);
 }
 
-/// The loss of a language-model run: the first value, a running average shown on the
-/// progress bar every 10 steps, and the closing "loss a -> b" line.
-class TrainingLog {
- public:
-  explicit TrainingLog(int64_t steps) : steps_(steps), start_(std::chrono::steady_clock::now()) {}
-  /// Records step `step` (1-based); `extra` goes on the progress line (e.g. the lr).
-  void step(int64_t step, double loss, const std::string& extra = "") {
-    if (step == 1) first_ = recent_ = loss;
-    recent_ = 0.9 * recent_ + 0.1 * loss;
-    if (step % 10 == 0 || step == steps_) {
-      char text[96];
-      std::snprintf(text, sizeof text, "loss %.3f  %s%.1fs", recent_, extra.c_str(),
-                    seconds_since(start_));
-      progress("training", step, steps_, text);
-    }
-  }
-  /// Prints the first and last loss against uniform guessing over `vocab` classes.
-  void finish(int64_t vocab) const {
-    std::printf("loss %.3f -> %.3f (uniform guessing: %.3f)\n", first_, recent_,
-                std::log(static_cast<double>(vocab)));
-  }
-
- private:
-  int64_t steps_;
-  std::chrono::steady_clock::time_point start_;
-  double first_ = 0, recent_ = 0;
-};
+/// Prints the smoothed loss at the first and last step of `monitor` against uniform guessing
+/// over `vocab` classes ("loss 4.190 -> 2.102 (uniform guessing: 4.190)").
+inline void print_loss_change(const kiln::TrainingMonitor& monitor, int64_t vocab) {
+  std::printf("loss %.3f -> %.3f (uniform guessing: %.3f)\n", monitor.first().smoothed_loss,
+              monitor.last().smoothed_loss, std::log(static_cast<double>(vocab)));
+}
 
 }  // namespace example

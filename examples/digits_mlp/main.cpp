@@ -29,7 +29,7 @@ double accuracy(const Tensor& logits, const Tensor& labels) {
 }
 
 int run(const example::Flags& flags) {
-  example::check_memory_flags(flags, {"save"});
+  example::check_memory_flags(flags, {"save", "log-csv", "log-jsonl"});
   const example::AmpMode amp_mode = example::amp_mode(flags);
   manual_seed(static_cast<uint64_t>(flags.integer("seed")));
   const int64_t epochs = flags.integer("epochs");
@@ -61,7 +61,12 @@ int run(const example::Flags& flags) {
   data::DataLoader loader(train,
                           {.batch_size = flags.integer("batch-size"), .shuffle = true, .seed = 1});
   example::apply_memory_flags(flags);
+  // Loss, gradient norm, memory and samples per second each step, at no extra evaluation.
+  TrainingMonitor monitor(
+      model->parameters(),
+      example::monitor_options(flags, epochs * loader.num_batches(), "samples"));
   auto start = std::chrono::steady_clock::now();
+  char epoch_line[96] = "";
   for (int64_t epoch = 1; epoch <= epochs; ++epoch) {
     model->train();
     double loss_sum = 0;
@@ -75,22 +80,25 @@ int run(const example::Flags& flags) {
         loss = nn::cross_entropy(logits, batch.targets());
       }
       scaler.scale(loss).backward();
+      scaler.unscale_(opt);  // the norm of the true gradients (a no-op without loss scaling)
+      Tensor norm = monitor.grad_norm();
       scaler.step(opt);  // opt.step(), skipped when a float16 gradient overflowed
       scaler.update();
       Tensor hits = sum(argmax(logits, 1) == batch.targets());
-      eval({loss, hits});  // one graph: forward, backward, update and the metrics
+      eval({loss, hits, norm});  // one graph: forward, backward, update, metrics and the norm
+      monitor.step(loss, batch.size());
       loss_sum += loss.item<double>();
       correct += hits.item<int64_t>();
       seen += batch.size();
       ++batches;
     }
-    char text[96];
-    std::snprintf(text, sizeof text, "loss %.4f  train acc %5.1f%%  %.1fs",
-                  loss_sum / static_cast<double>(batches),
-                  100.0 * static_cast<double>(correct) / static_cast<double>(seen),
-                  example::seconds_since(start));
-    example::progress("epoch " + std::to_string(epoch), epoch, epochs, text);
+    std::snprintf(epoch_line, sizeof epoch_line, "epoch %lld: loss %.4f, train acc %.1f%%",
+                  static_cast<long long>(epoch), loss_sum / static_cast<double>(batches),
+                  100.0 * static_cast<double>(correct) / static_cast<double>(seen));
+    monitor.set_status(epoch_line);  // shown on the progress line from here on
   }
+  monitor.finish();
+  std::printf("%s\n", epoch_line);
   example::report_training_memory(flags);  // the last step recorded is a training step
 
   std::printf("trained %lld epochs in %.1f s\n", static_cast<long long>(epochs),
@@ -130,6 +138,7 @@ int main(int argc, char** argv) {
   flags.add("seed", "0", "seed of the initialisation (kiln::manual_seed)");
   flags.add("save", "", "write the trained weights to this safetensors file");
   example::add_amp_flag(flags);
+  example::add_monitor_flags(flags);
   example::add_memory_flags(flags);
   return flags.main(argc, argv, run);
 }

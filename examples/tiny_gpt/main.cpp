@@ -5,7 +5,6 @@
 // build/examples/tiny_gpt --help lists the options; the default run takes about a minute.
 #include <kiln/kiln.h>
 
-#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <random>
@@ -56,7 +55,7 @@ class TinyGPT : public nn::Module {
 };
 
 int run(const example::Flags& flags) {
-  example::check_memory_flags(flags);
+  example::check_memory_flags(flags, {"log-csv", "log-jsonl"});
   const example::AmpMode amp_mode = example::amp_mode(flags);
   manual_seed(static_cast<uint64_t>(flags.integer("seed")));
   example::TextCorpus corpus(flags.str("text"));
@@ -84,7 +83,10 @@ int run(const example::Flags& flags) {
 
   std::mt19937_64 rng(static_cast<uint64_t>(flags.integer("seed")));
   example::apply_memory_flags(flags);
-  example::TrainingLog log(steps);
+  // Loss, gradient norm, lr, memory and tokens per second each step, at no extra evaluation.
+  TrainingMonitorOptions watch = example::monitor_options(flags, steps, "tokens", 0.9);
+  watch.optimizer = &opt;
+  TrainingMonitor monitor(params, watch);
   model->train();
   for (int64_t step = 1; step <= steps; ++step) {
     auto [x, y] = corpus.batch(batch, context, rng);
@@ -98,15 +100,16 @@ int run(const example::Flags& flags) {
     }
     scaler.scale(loss).backward();
     scaler.unscale_(opt);  // clip the true gradients (a no-op without loss scaling)
-    optim::clip_grad_norm(params, 1.0);
+    Tensor norm = optim::clip_grad_norm(params, 1.0);  // the norm before clipping
+    monitor.watch_grad_norm(norm);
     scaler.step(opt);  // opt.step(), skipped when a float16 gradient overflowed
     scaler.update();
+    eval({loss, norm});  // one graph: forward, backward, clipping, update and the norm
+    monitor.step(loss, batch * context);  // logs the lr this step used
     schedule->step();
-    char lr[32];
-    std::snprintf(lr, sizeof lr, "lr %.2e  ", schedule->get_last_lr()[0]);
-    log.step(step, loss.item<double>(), lr);
   }
-  log.finish(vocab);
+  monitor.finish();
+  example::print_loss_change(monitor, vocab);
   example::report_training_memory(flags);  // before sampling replaces the last step
 
   // Sampling: the context window slides over the text generated so far. Each length is a
@@ -152,6 +155,7 @@ int main(int argc, char** argv) {
   flags.add("sample-length", "200", "characters to generate");
   flags.add("temperature", "0.7", "sampling temperature");
   example::add_amp_flag(flags);
+  example::add_monitor_flags(flags);
   example::add_memory_flags(flags);
   return flags.main(argc, argv, run);
 }
