@@ -56,6 +56,11 @@ ZeroRedundancyOptimizer::ZeroRedundancyOptimizer(std::vector<Tensor> params, con
   }
   refresh_blocks();
   local_ = make(std::move(blocks));
+  if (!local_) {
+    throw ValueError(
+        "[ZeroRedundancyOptimizer] the optimizer factory returned no optimizer; expected it "
+        "to build one over the parameter blocks it is given");
+  }
 
   report_id_ = memory::add_rank_bytes_source([this] {
     memory::RankBytes b;

@@ -279,14 +279,20 @@ std::vector<std::shared_ptr<const CustomKernelOp>> compile_custom_kernel(
 }
 
 void run_custom_kernel(Node& node) {
+  if (node.custom == nullptr) throw ValueError("[custom_kernel] node without a kernel");
+  // A user kernel (CustomOutput) or one of kiln's own host ops (ops/selection.cpp's sort),
+  // which have no device code.
   const auto* payload = dynamic_cast<const CustomOutput*>(node.custom.get());
-  if (payload == nullptr) throw ValueError("[custom_kernel] node without a kernel");
-  if (node.device.is_cuda()) return run_on_cuda(node, *payload);
+  if (node.device.is_cuda()) {
+    if (payload == nullptr)
+      throw DeviceError("[" + node.custom->name() + "] has no CUDA kernel; it runs on the host");
+    return run_on_cuda(node, *payload);
+  }
   if (!node.buffer) node.buffer = std::make_shared<Buffer>(node.nbytes(), node.device);
   std::vector<const void*> inputs;
   for (const NodePtr& in : node.inputs) inputs.push_back(in->buffer->data());
   try {
-    payload->run(node, inputs, node.buffer->data());
+    node.custom->run(node, inputs, node.buffer->data());
   } catch (...) {
     node.buffer.reset();
     throw;

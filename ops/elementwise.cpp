@@ -502,7 +502,14 @@ Tensor isclose(const Tensor& a, const Tensor& b, double rtol, double atol, bool 
   Tensor error = abs(sub(ad, bd));
   Tensor allowed = add(scalar_tensor(atol), mul(scalar_tensor(rtol), abs(bd)));
   Tensor finite = logical_not(logical_or(isnan(error), isinf(error)));
-  return logical_or(close, logical_and(finite, le(error, allowed)));
+  Tensor within = le(error, allowed);
+  if (!is_floating(a.dtype())) {
+    // float64 holds integers exactly only up to 2^53: the difference is also taken in int64
+    // (exact unless it overflows, when the float64 one is far beyond any tolerance).
+    Tensor exact = abs(sub(cast(a, DType::Int64), cast(b, DType::Int64)));
+    within = logical_and(within, le(cast(exact, DType::Float64), allowed));
+  }
+  return logical_or(close, logical_and(finite, within));
 }
 
 bool allclose(const Tensor& a, const Tensor& b, double rtol, double atol, bool equal_nan) {

@@ -1,15 +1,27 @@
-// max/min with indices, sort, topk and multinomial, composed from meta-ops.
+// max/min with indices, sort, topk and multinomial.
 //
-// sort computes each element's rank along the dimension as one fused comparison-and-sum
-// (how many elements come before it, ties broken by position, so the order is stable), then
-// scatters each position to its rank (a reindex-reduce whose target is read from the rank
-// tensor; targets >= k are skipped, which is topk) and gathers the values at the resulting
-// indices. No new meta-op is needed, the JIT fuses the O(n^2) comparison into the reduction,
-// and gradients reach exactly the selected elements through gather. max / min with indices
-// gather at argmax / argmin for the same reason: torch's gradient goes to the reported index
-// only, while the value-only max(x, {dim}) shares it between ties.
+// sort and topk find the order's indices and gather the values at them, so gradients reach
+// exactly the selected elements through gather. On the host the indices come from a native
+// stable sort of each row (an opaque custom node, SortIndices: O(n log n), rows spread over
+// the thread pool); the JIT has no sort, and the meta-op form below took seconds and
+// gigabytes at n = 100k. On CUDA devices they come from meta-ops: each element's rank along
+// the dimension as one fused comparison-and-sum (how many elements come before it, ties
+// broken by position, so the order is stable), then each position scattered to its rank (a
+// reindex-reduce whose target is read from the rank tensor; targets >= k are skipped, which
+// is topk); O(n^2) work, in parallel. max / min with indices gather at argmax / argmin for
+// the same reason: torch's gradient goes to the reported index only, while the value-only
+// max(x, {dim}) shares it between ties.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <numeric>
 #include <string>
+#include <typeinfo>
 
+#include "../core/custom_op.h"
+#include "../core/structural_hash.h"
+#include "../core/thread_pool.h"
 #include "ops.h"
 
 namespace kiln {
@@ -63,8 +75,125 @@ Tensor ranks(const Tensor& x, int d, bool descending) {
   return sum(before, {d + 1});
 }
 
+// Sorts one row of `count` elements `stride` apart starting at `row`: writes the row's
+// stable order (positions along the axis) into `order`, NaN above every number.
+template <typename T>
+void sort_row(const T* row, int64_t count, int64_t stride, bool descending, int64_t* order) {
+  std::iota(order, order + count, int64_t{0});
+  auto less = [&](int64_t i, int64_t j) {
+    const T a = row[i * stride], b = row[j * stride];
+    if constexpr (std::is_floating_point_v<T>) {
+      if (std::isnan(a) || std::isnan(b)) return descending ? !std::isnan(b) : !std::isnan(a);
+    }
+    return descending ? b < a : a < b;
+  };
+  std::stable_sort(order, order + count, less);
+}
+
+// Half types compare as the float32 they convert to exactly.
+void sort_half_row(const uint16_t* row, int64_t count, int64_t stride, bool descending, bool bfloat,
+                   int64_t* order) {
+  std::vector<float> values(static_cast<size_t>(count));
+  for (int64_t i = 0; i < count; ++i) {
+    const uint16_t bits = row[i * stride];
+    values[static_cast<size_t>(i)] =
+        bfloat ? bfloat16_bits_to_float(bits) : half_bits_to_float(bits);
+  }
+  sort_row(values.data(), count, 1, descending, order);
+}
+
+// The payload of a host sort node: the int64 positions that order x along `axis`.
+class SortIndices final : public CustomKernelOp {
+ public:
+  SortIndices(int axis, bool descending) : axis_(axis), descending_(descending) {}
+  const std::string& name() const override {
+    static const std::string kName = "sort";
+    return kName;
+  }
+  uint64_t hash() const override {
+    return hash_combine(hash_combine(0x5047u, static_cast<uint64_t>(axis_)), descending_);
+  }
+  bool same_as(const CustomKernelOp& other) const override {
+    const auto* o = dynamic_cast<const SortIndices*>(&other);
+    return o != nullptr && o->axis_ == axis_ && o->descending_ == descending_;
+  }
+  bool same_kernel(const CustomKernelOp& other) const override { return same_as(other); }
+  void run(const Node& n, const std::vector<const void*>& inputs, void* out) const override {
+    const Node& x = *n.inputs[0];
+    const Shape& shape = x.shape;
+    int64_t outer = 1, inner = 1;
+    for (int a = 0; a < axis_; ++a) outer *= shape[static_cast<size_t>(a)];
+    for (size_t a = static_cast<size_t>(axis_) + 1; a < shape.size(); ++a) inner *= shape[a];
+    const int64_t count = shape[static_cast<size_t>(axis_)];
+    auto* indices = static_cast<int64_t*>(out);
+    const void* data = inputs[0];
+    const DType dtype = x.dtype;
+    const bool descending = descending_;
+    // Rows are independent: chunks of rows on the pool's threads.
+    thread_pool().parallel_for(outer * inner, 1, [&](int64_t begin, int64_t end) {
+      std::vector<int64_t> order(static_cast<size_t>(count));
+      for (int64_t r = begin; r < end; ++r) {
+        const int64_t o = r / inner, i = r % inner;
+        const int64_t start = o * count * inner + i;
+        switch (dtype) {
+          case DType::Bool:
+          case DType::UInt8:
+            sort_row(static_cast<const uint8_t*>(data) + start, count, inner, descending,
+                     order.data());
+            break;
+          case DType::Int8:
+            sort_row(static_cast<const int8_t*>(data) + start, count, inner, descending,
+                     order.data());
+            break;
+          case DType::Int16:
+            sort_row(static_cast<const int16_t*>(data) + start, count, inner, descending,
+                     order.data());
+            break;
+          case DType::Int32:
+            sort_row(static_cast<const int32_t*>(data) + start, count, inner, descending,
+                     order.data());
+            break;
+          case DType::Int64:
+            sort_row(static_cast<const int64_t*>(data) + start, count, inner, descending,
+                     order.data());
+            break;
+          case DType::Float16:
+          case DType::BFloat16:
+            sort_half_row(static_cast<const uint16_t*>(data) + start, count, inner, descending,
+                          dtype == DType::BFloat16, order.data());
+            break;
+          case DType::Float32:
+            sort_row(static_cast<const float*>(data) + start, count, inner, descending,
+                     order.data());
+            break;
+          case DType::Float64:
+            sort_row(static_cast<const double*>(data) + start, count, inner, descending,
+                     order.data());
+            break;
+        }
+        for (int64_t k = 0; k < count; ++k)
+          indices[start + k * inner] = order[static_cast<size_t>(k)];
+      }
+    });
+  }
+
+ private:
+  int axis_;
+  bool descending_;
+};
+
 // The first k positions in sorted order along `d`.
 ValuesIndices sorted_prefix(const Tensor& x, int d, bool descending, int64_t k, const char* op) {
+  if (!x.device().is_cuda()) {
+    auto node = std::make_shared<Node>(OpCode::Custom, std::vector<NodePtr>{x.node()}, x.shape(),
+                                       DType::Int64, x.device());
+    node->custom = std::make_shared<SortIndices>(d, descending);
+    node->origin = op;
+    node->requires_grad = false;
+    Tensor order(std::move(node));
+    Tensor indices = k == x.shape()[d] ? order : slice(order, d, 0, k);
+    return {gather(x, d, indices), indices};
+  }
   Tensor rank = ranks(x, d, descending);
   Shape out = x.shape();
   out[d] = k;
@@ -149,7 +278,9 @@ Tensor multinomial(const Tensor& probs, int64_t num_samples, bool replacement, G
   Tensor idx;
   if (replacement) {
     // Inverse CDF: the sample is the number of categories whose cumulative weight is <= u *
-    // total, so a zero-weight category (equal cumulative weight) is never chosen.
+    // total, so a zero-weight category (equal cumulative weight) is never chosen. (Past 256
+    // categories cumsum adds in a tree, whose rounding can leave a zero-weight category an
+    // ulp of the total above its neighbour: a chance near 1e-16 per draw.)
     Tensor cdf = cumsum(p, 1);
     Tensor total = slice(cdf, 1, n - 1, n);
     Tensor target = mul(rand({rows, num_samples}, DType::Float64, gen, p.device()), total);

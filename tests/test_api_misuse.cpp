@@ -3,8 +3,11 @@
 // count, index_put_ with an index out of range, compound assignment on parameters, long
 // cumsum/cumprod (no longer O(n^2)), and schedulers cycling momentum (no longer a new
 // kernel per step). Values against float64 references computed here.
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <cmath>
+#include <limits>
+#include <numeric>
 #include <random>
 #include <string>
 #include <vector>
@@ -187,4 +190,62 @@ TEST_CASE("a momentum changed every step compiles no new kernels", "[optim]") {
   const uint64_t compiled = jit::kernel_cache().stats().kernels_compiled;
   for (int i = 0; i < 6; ++i) step(0.80 + 0.01 * i);
   CHECK(jit::kernel_cache().stats().kernels_compiled == compiled);
+}
+
+TEST_CASE("isclose compares integers beyond 2^53 exactly", "[tensor_api]") {
+  const int64_t big = int64_t{1} << 53, top = std::numeric_limits<int64_t>::max();
+  const Tensor a = from_vector<int64_t>({big + 1, top, top, 5, -3});
+  const Tensor b = from_vector<int64_t>({big, top - 1, top, 7, -1});
+  // PyTorch at rtol = atol = 0: [False, False, True, False, False]; at atol = 2 the last two
+  // are close and the first two as well (differences of 1).
+  CHECK(isclose(a, b, 0, 0).to_vector<uint8_t>() == std::vector<uint8_t>{0, 0, 1, 0, 0});
+  CHECK(isclose(a, b, 0, 2).to_vector<uint8_t>() == std::vector<uint8_t>{1, 1, 1, 1, 1});
+  CHECK_FALSE(allclose(from_vector<int64_t>({top}), from_vector<int64_t>({-1}), 0, 1));
+}
+
+TEST_CASE("sort and topk of long rows match a stable std::sort", "[tensor_api]") {
+  // 100k elements with many ties and NaNs: the host sort (O(n log n)); the meta-op form it
+  // replaced on the host took seconds and gigabytes here.
+  const int64_t n = 100000;
+  std::mt19937 gen(12);
+  std::uniform_int_distribution<int> pick(0, 999);
+  std::vector<float> xs(static_cast<size_t>(n));
+  for (float& v : xs) {
+    const int r = pick(gen);
+    v = r < 5 ? std::numeric_limits<float>::quiet_NaN() : static_cast<float>(r % 300) - 150.0f;
+  }
+  const Tensor x = from_vector(xs, {n});
+  for (bool descending : {false, true}) {
+    INFO("descending " << descending);
+    std::vector<int64_t> want(static_cast<size_t>(n));
+    std::iota(want.begin(), want.end(), int64_t{0});
+    std::stable_sort(want.begin(), want.end(), [&](int64_t i, int64_t j) {
+      const float a = xs[static_cast<size_t>(i)], b = xs[static_cast<size_t>(j)];
+      if (std::isnan(a) || std::isnan(b)) return descending ? !std::isnan(b) : !std::isnan(a);
+      return descending ? b < a : a < b;
+    });
+    auto [values, indices] = sort(x, 0, descending);
+    CHECK(indices.to_vector<int64_t>() == want);
+    const std::vector<float> got = values.to_vector<float>();
+    size_t mismatches = 0;
+    for (size_t i = 0; i < got.size(); ++i) {
+      const float w = xs[static_cast<size_t>(want[i])];
+      if (!(got[i] == w || (std::isnan(got[i]) && std::isnan(w)))) ++mismatches;
+    }
+    CHECK(mismatches == 0);
+  }
+  // topk along the first axis of a 2-D int64 tensor beyond float64's exact range.
+  const int64_t big = int64_t{1} << 60;
+  const Tensor m = from_vector<int64_t>({big + 1, 3, big, 7, big + 2, 5, -big, 9}, {4, 2});
+  auto [top, where] = topk(m, 2, 0);
+  CHECK(top.to_vector<int64_t>() == std::vector<int64_t>{big + 2, 9, big + 1, 7});
+  CHECK(where.to_vector<int64_t>() == std::vector<int64_t>{2, 3, 0, 1});
+  // bfloat16 rows compare as the floats they hold; gradients reach the chosen elements.
+  Tensor h = from_vector<float>({0.5f, -2.0f, 3.0f, 0.25f}, {4}).to(DType::BFloat16);
+  CHECK(sort(h).indices.to_vector<int64_t>() == std::vector<int64_t>{1, 3, 0, 2});
+  Tensor leaf = from_vector<double>({0.5, -2.0, 3.0, 0.25, 1.0}, {5});
+  leaf.requires_grad_();
+  const Tensor g =
+      grad(sum(topk(leaf, 2).values * from_vector<double>({10.0, 1.0}, {2})), {leaf})[0];
+  CHECK(g.to_vector<double>() == std::vector<double>{0, 0, 10, 0, 1});
 }

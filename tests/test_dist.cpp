@@ -93,6 +93,11 @@ TEST_CASE("dist: bad collective input is a typed error naming the call", "[dist]
   CHECK_THROWS_WITH(c.broadcast(i32, 1), Contains("root 1") && Contains("expected 0..0"));
   CHECK_THROWS_AS(c.all_gather(tensor(1.0f)), ShapeError);
   CHECK_THROWS_AS(c.reduce_scatter(tensor(1.0f)), ShapeError);
+  // A ZeRO optimizer whose factory makes nothing would never update its parameters.
+  Tensor w = randn({4});
+  w.requires_grad_();
+  CHECK_THROWS_WITH(dist::ZeroRedundancyOptimizer({w}, [](std::vector<Tensor>) { return nullptr; }),
+                    Contains("factory returned no optimizer"));
 }
 
 TEST_CASE("dist: a collective that does not complete is a TimeoutError after KILN_DIST_TIMEOUT",

@@ -111,6 +111,16 @@ TEST_CASE("every kiln spelling of the Coming from PyTorch table compiles and run
   nn::Sequential seq = nn::Sequential({std::make_shared<nn::Linear>(4, 8), std::make_shared<nn::ReLU>()});
   REQUIRE(seq.size() == 2);
   {
+    auto conv = std::make_shared<nn::Conv2d>(3, 8, 3, 1, "same", 1, 1, true, nn::PaddingMode::Reflect);
+    REQUIRE(conv->forward(randn({1, 3, 5, 6})).shape() == Shape{1, 8, 5, 6});
+    Tensor x = randn({2, 3, 4});
+    REQUIRE(nn::F::pad(x, {{0, 0}, {0, 0}, {1, 1}}, nn::PaddingMode::Replicate).shape() == Shape{2, 3, 6});
+    nn::Linear m(4, 2);
+    const float w0 = m.weight.to_vector<float>()[0];
+    { NoGradGuard g; m.weight *= 0.5; }
+    REQUIRE(m.weight.to_vector<float>()[0] == w0 * 0.5f);
+  }
+  {
     Net net;
     REQUIRE(net.forward(randn({3, 4})).shape() == Shape{3, 2});
     REQUIRE(net.state_dict().size() == 4);  // fc.weight, fc.bias, scale, calls
