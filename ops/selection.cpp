@@ -275,6 +275,35 @@ Tensor multinomial(const Tensor& probs, int64_t num_samples, bool replacement, G
   NoGradGuard no_grad;
   Tensor p = cast(probs.ndim() == 1 ? unsqueeze(probs, 0) : probs, DType::Float64).detach();
   int64_t rows = p.shape()[0];
+  {
+    // Checked now, as torch does: a weight below 0, NaN or inf, or a row without weight has
+    // no distribution to draw from (and would give samples silently).
+    const std::vector<double> w = p.to_vector<double>();
+    for (int64_t r = 0; r < rows; ++r) {
+      double total = 0;
+      int64_t positive = 0;
+      for (int64_t c = 0; c < n; ++c) {
+        const double v = w[static_cast<size_t>(r * n + c)];
+        if (!(v >= 0) || std::isinf(v)) {
+          throw ValueError("[multinomial] weight " + Scalar(v).str() + " at row " +
+                           std::to_string(r) + ", category " + std::to_string(c) + " of " +
+                           describe(probs) + "; expected finite weights >= 0");
+        }
+        total += v;
+        positive += v > 0;
+      }
+      if (!(total > 0)) {
+        throw ValueError("[multinomial] row " + std::to_string(r) + " of " + describe(probs) +
+                         " has no weight (all zero); expected a positive sum");
+      }
+      if (!replacement && positive < num_samples) {
+        throw ValueError("[multinomial] row " + std::to_string(r) + " of " + describe(probs) +
+                         " has " + std::to_string(positive) + " categories of positive weight, " +
+                         "too few for " + std::to_string(num_samples) +
+                         " samples without replacement");
+      }
+    }
+  }
   Tensor idx;
   if (replacement) {
     // Inverse CDF: the sample is the number of categories whose cumulative weight is <= u *

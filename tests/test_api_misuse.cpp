@@ -249,3 +249,18 @@ TEST_CASE("sort and topk of long rows match a stable std::sort", "[tensor_api]")
       grad(sum(topk(leaf, 2).values * from_vector<double>({10.0, 1.0}, {2})), {leaf})[0];
   CHECK(g.to_vector<double>() == std::vector<double>{0, 0, 10, 0, 1});
 }
+
+TEST_CASE("multinomial refuses weights that are no distribution, as torch",
+          "[tensor_api][errors]") {
+  const double inf = std::numeric_limits<double>::infinity();
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  CHECK_THROWS_WITH(multinomial(from_vector<double>({0, 0, 0}), 1),
+                    Contains("has no weight (all zero)"));
+  CHECK_THROWS_WITH(multinomial(from_vector<double>({0.5, -0.1}), 1),
+                    Contains("expected finite weights >= 0"));
+  CHECK_THROWS_AS(multinomial(from_vector<double>({nan, 1}), 1), ValueError);
+  CHECK_THROWS_AS(multinomial(from_vector<double>({inf, 2}), 1), ValueError);
+  CHECK_THROWS_WITH(multinomial(from_vector<double>({1, 0, 2}), 3, false),
+                    Contains("2 categories of positive weight"));
+  CHECK(multinomial(from_vector<double>({1, 0, 2}), 2, false).shape() == Shape{2});
+}

@@ -124,16 +124,28 @@ TEST_CASE("nn binary_cross_entropy clamps its logs at -100 and broadcasts the we
     CHECK(nn::binary_cross_entropy(tx, ty, {.reduction = r, .weight = tw}).item<double>() ==
           Approx(reduced(weighted, r)).epsilon(1e-5));
   }
-  // The gradient at an exact 0 or 1 is finite (no 0 * inf), so training does not turn NaN.
+  // The gradient is PyTorch's (x - y) / max(x (1 - x), 1e-12) / numel: finite at an exact 0
+  // or 1 (no 0 * inf), and large there on the wrong side (torch gives +-1e12 / 12 below),
+  // so a saturated wrong prediction still learns.
   Tensor leaf = make(x, {4, 3});
   leaf.requires_grad_();
   std::vector<double> g = values(kiln::grad(nn::binary_cross_entropy(leaf, ty), {leaf})[0]);
-  for (double v : g) CHECK(std::isfinite(v));
-  // Away from the clamp the gradient is (x - y) / (x (1 - x)) / numel.
-  for (size_t i = 4; i < x.size(); ++i) {
+  for (size_t i = 0; i < x.size(); ++i) {
     INFO("element " << i);
-    CHECK(g[i] == Approx((x[i] - y[i]) / (x[i] * (1 - x[i])) / 12.0).epsilon(1e-4));
+    CHECK(std::isfinite(g[i]));
+    CHECK(g[i] == Approx((x[i] - y[i]) / std::max(x[i] * (1 - x[i]), 1e-12) / 12.0)
+                      .epsilon(1e-4)
+                      .margin(1e-12));
   }
+  CHECK(g[2] == Approx(-1e12 / 12).epsilon(1e-6));
+  CHECK(g[3] == Approx(1e12 / 12).epsilon(1e-6));
+  // The target's gradient stays log(1 - x) - log(x) with the logs clamped.
+  Tensor target_leaf = make(y, {4, 3});
+  target_leaf.requires_grad_();
+  std::vector<double> gy =
+      values(kiln::grad(nn::binary_cross_entropy(tx, target_leaf), {target_leaf})[0]);
+  for (size_t i = 0; i < x.size(); ++i)
+    CHECK(gy[i] == Approx((clamped_log(1 - x[i]) - clamped_log(x[i])) / 12.0).epsilon(1e-4));
   // Probabilities outside [0, 1] give NaN, not a silent number.
   CHECK(std::isnan(nn::binary_cross_entropy(make({1.5}, {1}), make({1.0}, {1})).item<double>()));
 }

@@ -287,7 +287,17 @@ Tensor binary_cross_entropy(const Tensor& input_in, const Tensor& target_in, con
   check_same_shape(input, target, op);
   // The weighted sum, not y*log x + (1-y)*log(1-x) expanded: where y is 0 or 1 one term is
   // exactly 0 even when its log is clamped.
-  Tensor loss = -(target * clamped_log(input) + (1.0 - target) * clamped_log(1.0 - input));
+  const Tensor x = input.detach();
+  Tensor loss = -(target * clamped_log(x) + (1.0 - target) * clamped_log(1.0 - x));
+  if (input.requires_grad()) {
+    // The input's gradient is PyTorch's, (x - y) / max(x (1 - x), 1e-12): a prediction
+    // saturated at exactly 0 or 1 (sigmoid(20) is 1 in float32) on the wrong side keeps a
+    // large gradient, where the clamped logs' derivative would be 0. It enters through
+    // g * input - detach(g * input), exactly 0 in value.
+    const Tensor g = ((x - target.detach()) / maximum(x * (1.0 - x), 1e-12)).detach();
+    const Tensor gx = g * input;
+    loss = loss + (gx - gx.detach());
+  }
   if (o.weight.defined()) {
     Tensor weight = amp::full_precision(o.weight);
     detail::require_same_dtype(input, weight, op, "weight");
