@@ -87,7 +87,8 @@ Tensor argmin(const Tensor& x, int64_t axis, bool keepdim = false);
 Tensor argmin(const Tensor& x);
 
 /// Running sum along `dim` (torch.cumsum): out[i] = x[0] + ... + x[i]; bool and integer
-/// inputs give int64. Built as a masked reduction, O(n^2) work in the length of `dim`.
+/// inputs give int64. Up to 256 elements along `dim` one masked reduction (O(n^2) work);
+/// longer, log2(n) scan passes (O(n log n)).
 Tensor cumsum(const Tensor& x, int64_t dim);
 /// Running product along `dim` (torch.cumprod), with cumsum's dtypes and cost.
 Tensor cumprod(const Tensor& x, int64_t dim);

@@ -12,7 +12,8 @@ namespace kiln {
 
 /// torch.sort: x's values along `dim` in ascending (or descending) order and their int64
 /// positions in x. Stable: equal values keep their order; NaN sorts above +inf, as torch.
-/// O(n^2) work in the length of `dim` (a rank by comparison, fused into one reduction).
+/// On the host a native stable sort of each row (O(n log n)); on CUDA a rank by comparison
+/// fused into one reduction (O(n^2) work in the length of `dim`).
 ValuesIndices sort(const Tensor& x, int64_t dim = -1, bool descending = false);
 /// torch.topk: the k largest (or smallest) values along `dim` and their indices, sorted
 /// (ties: the earlier position first). k outside [0, size] raises ValueError.
