@@ -90,18 +90,6 @@ void sort_row(const T* row, int64_t count, int64_t stride, bool descending, int6
   std::stable_sort(order, order + count, less);
 }
 
-// Half types compare as the float32 they convert to exactly.
-void sort_half_row(const uint16_t* row, int64_t count, int64_t stride, bool descending, bool bfloat,
-                   int64_t* order) {
-  std::vector<float> values(static_cast<size_t>(count));
-  for (int64_t i = 0; i < count; ++i) {
-    const uint16_t bits = row[i * stride];
-    values[static_cast<size_t>(i)] =
-        bfloat ? bfloat16_bits_to_float(bits) : half_bits_to_float(bits);
-  }
-  sort_row(values.data(), count, 1, descending, order);
-}
-
 // The payload of a host sort node: the int64 positions that order x along `axis`.
 class SortIndices final : public CustomKernelOp {
  public:
@@ -135,42 +123,18 @@ class SortIndices final : public CustomKernelOp {
       for (int64_t r = begin; r < end; ++r) {
         const int64_t o = r / inner, i = r % inner;
         const int64_t start = o * count * inner + i;
-        switch (dtype) {
-          case DType::Bool:
-          case DType::UInt8:
-            sort_row(static_cast<const uint8_t*>(data) + start, count, inner, descending,
-                     order.data());
-            break;
-          case DType::Int8:
-            sort_row(static_cast<const int8_t*>(data) + start, count, inner, descending,
-                     order.data());
-            break;
-          case DType::Int16:
-            sort_row(static_cast<const int16_t*>(data) + start, count, inner, descending,
-                     order.data());
-            break;
-          case DType::Int32:
-            sort_row(static_cast<const int32_t*>(data) + start, count, inner, descending,
-                     order.data());
-            break;
-          case DType::Int64:
-            sort_row(static_cast<const int64_t*>(data) + start, count, inner, descending,
-                     order.data());
-            break;
-          case DType::Float16:
-          case DType::BFloat16:
-            sort_half_row(static_cast<const uint16_t*>(data) + start, count, inner, descending,
-                          dtype == DType::BFloat16, order.data());
-            break;
-          case DType::Float32:
-            sort_row(static_cast<const float*>(data) + start, count, inner, descending,
-                     order.data());
-            break;
-          case DType::Float64:
-            sort_row(static_cast<const double*>(data) + start, count, inner, descending,
-                     order.data());
-            break;
-        }
+        visit_dtype(dtype, [&](auto tag) {
+          using T = decltype(tag);
+          const T* row = static_cast<const T*>(data) + start;
+          if constexpr (std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>) {
+            // Half types compare as the float32 they convert to exactly, converted once.
+            std::vector<float> values(static_cast<size_t>(count));
+            for (int64_t k = 0; k < count; ++k) values[static_cast<size_t>(k)] = row[k * inner];
+            sort_row(values.data(), count, 1, descending, order.data());
+          } else {
+            sort_row(row, count, inner, descending, order.data());
+          }
+        });
         for (int64_t k = 0; k < count; ++k)
           indices[start + k * inner] = order[static_cast<size_t>(k)];
       }

@@ -6,34 +6,16 @@ prints one line per step:
 
 Usage: amp_parity_torch.py IN.safetensors STEPS LR MOMENTUM. IN holds 0.weight, 0.bias,
 2.weight, 2.bias (a Linear-ReLU-Linear nn.Sequential), x (float32 [N, in]) and y (int64
-[N]). The file is parsed here (8-byte header length, JSON header, raw little-endian data),
-so torch is the only package needed. Exits non-zero with a traceback on any error.
+[N]). The file is read by safetensors_torch_load.py, so torch is the only package
+needed. Exits non-zero with a traceback on any error.
 """
-import json
-import struct
 import sys
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-DTYPES = {"F32": torch.float32, "I64": torch.int64}
-
-
-def load(path):
-    with open(path, "rb") as f:
-        blob = f.read()
-    (n,) = struct.unpack("<Q", blob[:8])
-    header = json.loads(blob[8:8 + n])
-    data = blob[8 + n:]
-    out = {}
-    for name, info in header.items():
-        if name == "__metadata__":
-            continue
-        lo, hi = info["data_offsets"]
-        t = torch.frombuffer(bytearray(data[lo:hi]), dtype=DTYPES[info["dtype"]])
-        out[name] = t.reshape(info["shape"]).clone()
-    return out
+from safetensors_torch_load import load
 
 
 def main(argv):

@@ -14,33 +14,15 @@ MODE sched: IN is unused; SPEC is {"scheduler": name, "lrs": [per-group lr],
   "optimizer": name, "options": {...}, "kwargs": {...}, "steps": n, "metrics": [...]} and
   prints every group's lr (and momentum or betas[0] when the group has one) after
   construction and after every step.
-IN is parsed here (8-byte header length, JSON header, raw little-endian data), so torch is
-the only package needed. Exits non-zero with a traceback on any error.
+IN is read by safetensors_torch_load.py, so torch is the only package needed. Exits non-zero with a traceback on any error.
 """
 import json
-import struct
 import sys
 
 import torch
 import torch.nn.functional as F
 
-DTYPES = {"F32": torch.float32, "F64": torch.float64, "I64": torch.int64}
-
-
-def load(path):
-    with open(path, "rb") as f:
-        blob = f.read()
-    (n,) = struct.unpack("<Q", blob[:8])
-    header = json.loads(blob[8:8 + n])
-    data = blob[8 + n:]
-    out = {}
-    for name, info in header.items():
-        if name == "__metadata__":
-            continue
-        lo, hi = info["data_offsets"]
-        t = torch.frombuffer(bytearray(data[lo:hi]), dtype=DTYPES[info["dtype"]])
-        out[name] = t.reshape(info["shape"]).clone()
-    return out
+from safetensors_torch_load import load
 
 
 def emit(name, t):
