@@ -262,7 +262,13 @@ int main(int argc, char** argv) {
     const int threads = std::max(1, cores / ranks);
     std::string last;
     if (have_mpiexec) {
-      kiln_runs[ranks] = read_results("mpiexec --oversubscribe -n " + std::to_string(ranks) +
+      // Each rank on `threads` cores of its own (Open MPI would bind a rank of a 1- or 2-rank
+      // job to one core, so two threads would share it); oversubscribed ranks float, as
+      // PyTorch's processes do.
+      const std::string placement = ranks * threads <= cores
+                                        ? "--map-by slot:PE=" + std::to_string(threads)
+                                        : "--oversubscribe --bind-to none";
+      kiln_runs[ranks] = read_results("mpiexec " + placement + " -n " + std::to_string(ranks) +
                                           " -x KILN_NUM_THREADS=" + std::to_string(threads) + " " +
                                           self + " --worker 1" + common + " 2>&1",
                                       &last);

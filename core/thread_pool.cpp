@@ -11,6 +11,8 @@
 // made from inside a chunk (nested parallelism), which would otherwise deadlock.
 #include "core/thread_pool.h"
 
+#include <sched.h>
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -230,7 +232,7 @@ ThreadPool& thread_pool() {
   // so every later call that needs the pool raises the same error.
   std::lock_guard<std::mutex> lock(g_pool_mutex);
   if (ThreadPool* pool = g_pool.load(std::memory_order_acquire)) return *pool;
-  int threads = std::max(static_cast<int>(std::thread::hardware_concurrency()), 1);
+  int threads = usable_cpus();
   if (std::optional<int64_t> n = settings::integer("KILN_NUM_THREADS", 1, 4096))
     threads = static_cast<int>(*n);
   auto* pool = new ThreadPool(threads);
@@ -253,5 +255,15 @@ void set_num_threads(int threads) {
 }
 
 int get_num_threads() { return thread_pool().size(); }
+
+// A rank started by mpiexec is bound to one core (Open MPI binds to cores for up to two
+// ranks): a pool sized by hardware_concurrency() would put every worker on that core,
+// each kernel's chunks then waiting for the others' time slices.
+int usable_cpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof set, &set) == 0) return std::max(CPU_COUNT(&set), 1);
+  return std::max(static_cast<int>(std::thread::hardware_concurrency()), 1);
+}
 
 }  // namespace kiln

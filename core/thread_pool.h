@@ -47,9 +47,8 @@ class ThreadPool {
   std::unique_ptr<State> state_;
 };
 
-/// The process-wide pool; its size is KILN_NUM_THREADS, default
-/// std::thread::hardware_concurrency(). Created on first use; a bad KILN_NUM_THREADS raises
-/// ValueError from every call until it is fixed.
+/// The process-wide pool; its size is KILN_NUM_THREADS, default usable_cpus(). Created on first
+/// use; a bad KILN_NUM_THREADS raises ValueError from every call until it is fixed.
 ThreadPool& thread_pool();
 
 /// Resizes the process-wide pool to `threads` (>= 1; ValueError otherwise), overriding
@@ -58,5 +57,8 @@ ThreadPool& thread_pool();
 void set_num_threads(int threads);
 /// Size of the process-wide pool, the calling thread included.
 int get_num_threads();
+/// CPUs this process may run on: its affinity mask (as set by mpiexec's binding, taskset or
+/// a container's cpuset), at least 1; hardware_concurrency() where the mask is unreadable.
+int usable_cpus();
 
 }  // namespace kiln

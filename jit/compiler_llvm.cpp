@@ -46,6 +46,7 @@
 #include <thread>
 
 #include "core/error.h"
+#include "core/thread_pool.h"
 #include "jit/compiler.h"
 
 namespace kiln::jit {
@@ -88,7 +89,7 @@ class CompileSlots {
 };
 
 CompileSlots& compile_slots() {
-  static CompileSlots slots(std::thread::hardware_concurrency());
+  static CompileSlots slots(static_cast<unsigned>(usable_cpus()));
   return slots;
 }
 

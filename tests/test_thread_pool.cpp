@@ -1,5 +1,9 @@
 // Thread pool: coverage of ranges, deterministic partitions, exceptions, nesting and
 // concurrent callers.
+#include <sched.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <atomic>
 #include <catch2/catch.hpp>
@@ -180,9 +184,35 @@ TEST_CASE("global pool and launch overhead", "[threads]") {
   auto start = std::chrono::steady_clock::now();
   for (int i = 0; i < launches; ++i)
     pool.parallel_for(1 << 12, 256, [&](int64_t b, int64_t e) { sink += e - b; });
-  double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start)
-                  .count() / launches;
+  double us =
+      std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count() /
+      launches;
   CHECK(sink == int64_t(launches) << 12);
   WARN("thread pool: " << pool.size() << " threads, " << us
                        << " us per parallel_for launch (4096 items, grain 256)");
+}
+
+// mpiexec binds each of up to two ranks to one core; the default pool follows the binding
+// instead of putting hardware_concurrency() workers on that core.
+TEST_CASE("usable_cpus follows the process affinity mask", "[threads]") {
+  cpu_set_t mask;
+  CPU_ZERO(&mask);
+  REQUIRE(sched_getaffinity(0, sizeof mask, &mask) == 0);
+  CHECK(kiln::usable_cpus() == CPU_COUNT(&mask));
+  int first = 0;
+  while (!CPU_ISSET(first, &mask)) ++first;
+  // The narrowed mask lives in a child, so this process keeps its cores.
+  const pid_t child = fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {
+    cpu_set_t one;
+    CPU_ZERO(&one);
+    CPU_SET(first, &one);
+    if (sched_setaffinity(0, sizeof one, &one) != 0) _exit(2);
+    _exit(kiln::usable_cpus() == 1 ? 0 : 1);
+  }
+  int status = 0;
+  REQUIRE(waitpid(child, &status, 0) == child);
+  REQUIRE(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 0);
 }
