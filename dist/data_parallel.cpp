@@ -1,10 +1,16 @@
 #include "data_parallel.h"
 
+#include <algorithm>
 #include <cstring>
+#include <exception>
 #include <string>
+#include <unordered_map>
 
+#include "../core/evaluation_listener.h"
+#include "../memory/budget.h"
 #include "../memory/rank_bytes.h"
 #include "../ops/ops.h"
+#include "backends.h"
 #include "flat.h"
 
 namespace kiln::dist {
@@ -22,12 +28,149 @@ std::vector<int64_t> gather_int64(Communicator& comm, int64_t value) {
   return comm.all_gather(from_vector<int64_t>({value}, {1}, Device::cpu())).to_vector<int64_t>();
 }
 
+// Starts each bucket's all-reduce while the backward pass is still running: the executor
+// announces each gradient once its kernel has run, and a bucket whose gradients are all
+// there is copied into one flat message and started. Buckets start strictly in order, so
+// every rank starts the same collectives in the same order whatever order its kernels
+// finish in (MPI requires it). Between kernels the collectives in flight are polled, since
+// MPI's nonblocking collectives move only when polled. Gradients the executor does not
+// announce (values known before the evaluation, or attached only at its end) are read
+// after it, and the remaining buckets start then.
+class BucketLauncher final : public EvaluationListener {
+ public:
+  BucketLauncher(Communicator& comm, const std::vector<std::vector<Tensor>>& grads)
+      : comm_(&comm), grads_(&grads), flights_(grads.size()) {
+    for (size_t b = 0; b < grads.size(); ++b) {
+      Flight& f = flights_[b];
+      f.values.resize(grads[b].size());
+      f.missing = grads[b].size();
+      for (size_t i = 0; i < grads[b].size(); ++i) {
+        const Tensor& g = grads[b][i];
+        slots_[g.node().get()].push_back({b, i});
+        f.count += g.numel();
+      }
+    }
+  }
+
+  void value_ready(const Node& requested, const std::shared_ptr<Buffer>& value) override {
+    auto it = slots_.find(&requested);
+    if (it == slots_.end()) return;
+    for (const auto& [b, i] : it->second) {
+      Flight& f = flights_[b];
+      if (f.values[i]) continue;
+      f.values[i] = value;
+      --f.missing;
+    }
+    start_ready();
+  }
+
+  void kernel_done() override { poll(); }
+
+  // A collective that did not finish (an error or a timeout ended the synchronisation) may
+  // still write into its buffers, so those are leaked on purpose, as Communicator's own
+  // collectives do: the job cannot continue anyway, and freed memory must never be written.
+  ~BucketLauncher() override {
+    for (size_t b = polled_; b < next_; ++b) (void)new Flight(std::move(flights_[b]));
+  }
+  BucketLauncher(const BucketLauncher&) = delete;
+  BucketLauncher& operator=(const BucketLauncher&) = delete;
+
+  // Buckets started before the evaluation returned.
+  size_t started() const { return next_; }
+
+  // After the evaluation: every gradient has its value; the rest of the buckets start.
+  void start_rest() {
+    for (size_t b = 0; b < flights_.size(); ++b) {
+      Flight& f = flights_[b];
+      for (size_t i = 0; i < f.values.size(); ++i) {
+        if (!f.values[i]) f.values[i] = (*grads_)[b][i].node()->buffer;
+      }
+      f.missing = 0;
+    }
+    start_ready();
+    if (error_) std::rethrow_exception(error_);
+  }
+
+  // Waits for bucket b's average (TimeoutError after KILN_DIST_TIMEOUT) and returns it.
+  Tensor wait(size_t b) {
+    Flight& f = flights_[b];
+    comm_->wait(*f.work, f.what);
+    polled_ = std::max(polled_, b + 1);
+    f.flat.reset();
+    const Tensor& first = (*grads_)[b].front();
+    return detail::constant_from(f.out, {f.count}, first.dtype(), first.device());
+  }
+
+ private:
+  struct Flight {
+    std::vector<std::shared_ptr<Buffer>> values;
+    size_t missing = 0;
+    int64_t count = 0;
+    std::shared_ptr<Buffer> flat, out;
+    std::unique_ptr<Work> work;
+    std::string what;
+  };
+
+  void start_ready() {
+    while (!error_ && next_ < flights_.size() && flights_[next_].missing == 0) {
+      try {
+        start(next_);
+      } catch (...) {
+        error_ = std::current_exception();
+      }
+      ++next_;
+    }
+  }
+
+  void start(size_t b) {
+    Flight& f = flights_[b];
+    const std::vector<Tensor>& pieces = (*grads_)[b];
+    const DType dtype = pieces.front().dtype();
+    const Device device = pieces.front().device();
+    const size_t item = itemsize(dtype);
+    f.flat = std::make_shared<Buffer>(static_cast<size_t>(f.count) * item, device);
+    f.out = std::make_shared<Buffer>(static_cast<size_t>(f.count) * item, device);
+    auto* at = static_cast<char*>(f.flat->host_data());
+    for (size_t i = 0; i < pieces.size(); ++i) {
+      const size_t bytes = static_cast<size_t>(pieces[i].numel()) * item;
+      std::memcpy(at, f.values[i]->host_data(), bytes);
+      at += bytes;
+      f.values[i].reset();
+    }
+    f.what = "all_reduce of " + std::string(dtype_name(dtype)) + "[" + std::to_string(f.count) +
+             "] (gradient bucket " + std::to_string(b) + ")";
+    f.work =
+        comm_->start_all_reduce(f.flat->data(), f.out->data(), f.count, dtype, ReduceOp::Average);
+  }
+
+  // Advances the oldest unfinished collective, and the next once it is done: a backend may
+  // run a collective as several steps, each started when the last completes, so
+  // advancing only the oldest keeps every rank's sequence of MPI calls the same.
+  void poll() {
+    try {
+      while (!error_ && polled_ < next_ && flights_[polled_].work->done()) ++polled_;
+    } catch (...) {
+      error_ = std::current_exception();
+    }
+  }
+
+  Communicator* comm_;
+  const std::vector<std::vector<Tensor>>* grads_;
+  std::vector<Flight> flights_;
+  std::unordered_map<const Node*, std::vector<std::pair<size_t, size_t>>> slots_;
+  size_t next_ = 0;    // buckets before it have started
+  size_t polled_ = 0;  // buckets before it have finished
+  std::exception_ptr error_;
+};
+
 }  // namespace
 
 DataParallel::DataParallel(nn::Module& module, Communicator& comm, DataParallelOptions options)
     : module_(&module), comm_(&comm), options_(options), params_(module.parameters()) {
-  if (options_.bucket_bytes == 0) {
-    throw ValueError("[DataParallel] bucket_bytes must be > 0");
+  if (options_.bucket_bytes == 0 || options_.first_bucket_bytes == 0) {
+    throw ValueError("[DataParallel] bucket_bytes and first_bucket_bytes must be > 0, got " +
+                     std::to_string(options_.bucket_bytes) + " and " +
+                     std::to_string(options_.first_bucket_bytes));
   }
   check_same_model();
   {
@@ -43,7 +186,10 @@ DataParallel::DataParallel(nn::Module& module, Communicator& comm, DataParallelO
   for (size_t k = params_.size(); k-- > 0;) {
     const Tensor& p = params_[k];
     const size_t b = p.node()->nbytes();
-    bool fresh = buckets_.empty() || bytes + b > options_.bucket_bytes;
+    const size_t limit = buckets_.size() == 1
+                             ? std::min(options_.first_bucket_bytes, options_.bucket_bytes)
+                             : options_.bucket_bytes;
+    bool fresh = buckets_.empty() || bytes + b > limit;
     if (!fresh) {
       const Tensor& first = params_[buckets_.back().front()];
       fresh = first.dtype() != p.dtype() || !(first.device() == p.device());
@@ -111,30 +257,46 @@ void DataParallel::backward(const Tensor& loss) {
 
 void DataParallel::synchronize_gradients() {
   if (!synchronizing()) return;
+  last_sync_ = {};
   if (reducer_) {
     reducer_();
     return;
   }
   if (comm_->size() == 1) return;
   NoGradGuard no_grad;
-  // One evaluation computes every gradient (the backward pass: the executor runs it as a
-  // whole, so communication starts once it is done); each bucket's gradients are then
-  // copied into one flat message (dist/flat.h), and the buckets' all-reduces run
-  // concurrently.
   std::vector<std::vector<Tensor>> grads(buckets_.size());
   std::vector<Tensor> all;
+  bool host = comm_->memory_kind() == Device::Kind::CPU;
   for (size_t b = 0; b < buckets_.size(); ++b) {
     for (size_t k : buckets_[b]) {
       const Tensor& p = params_[k];
       Tensor g = p.grad();
       if (!g.defined()) g = zeros_like(p);
       if (g.dtype() != p.dtype()) g = cast(g, p.dtype());
+      host = host && !p.device().is_cuda();
       grads[b].push_back(g);
       all.push_back(g);
     }
   }
+  // Host buckets start their all-reduce during the backward pass (BucketLauncher). Not under
+  // a memory budget: the plan holds the step's peak, and flat messages allocated while the
+  // step's values are alive would add to it; there, and for CUDA tensors, the buckets start
+  // once the evaluation has produced every gradient, and run concurrently.
+  if (host && memory::budget(Device::cpu()) == 0) {
+    BucketLauncher launcher(*comm_, grads);
+    {
+      ScopedEvaluationListener listen(launcher);
+      eval(all);
+    }
+    all.clear();
+    last_sync_ = {buckets_.size(), launcher.started()};
+    launcher.start_rest();
+    for (size_t b = 0; b < buckets_.size(); ++b) set_bucket_gradients(b, launcher.wait(b));
+    return;
+  }
   eval(all);
   all.clear();
+  last_sync_ = {buckets_.size(), 0};
   std::vector<PendingTensor> pending;
   pending.reserve(buckets_.size());
   for (size_t b = 0; b < buckets_.size(); ++b) {
@@ -145,14 +307,15 @@ void DataParallel::synchronize_gradients() {
     grads[b].clear();
     pending.push_back(comm_->all_reduce_async(flat, ReduceOp::Average));
   }
-  for (size_t b = 0; b < buckets_.size(); ++b) {
-    const Tensor average = pending[b].wait();
-    int64_t offset = 0;
-    for (size_t k : buckets_[b]) {
-      Tensor& p = params_[k];
-      p.set_grad(detail::flat_slice(average, offset, p.shape()));
-      offset += p.numel();
-    }
+  for (size_t b = 0; b < buckets_.size(); ++b) set_bucket_gradients(b, pending[b].wait());
+}
+
+void DataParallel::set_bucket_gradients(size_t bucket, const Tensor& average) {
+  int64_t offset = 0;
+  for (size_t k : buckets_[bucket]) {
+    Tensor& p = params_[k];
+    p.set_grad(detail::flat_slice(average, offset, p.shape()));
+    offset += p.numel();
   }
 }
 

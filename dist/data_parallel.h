@@ -25,6 +25,9 @@ struct DataParallelOptions {
   /// Gradients are averaged in buckets of about this many bytes (PyTorch DDP's 25 MB):
   /// fewer, larger messages, several in flight at once. A larger tensor is a bucket alone.
   size_t bucket_bytes = 25u << 20;
+  /// The first bucket (the last layers' gradients, the first a backward pass produces)
+  /// closes at min(this, bucket_bytes), so its all-reduce starts early (PyTorch DDP's 1 MiB).
+  size_t first_bucket_bytes = 1u << 20;
   /// Broadcast the module's buffers (BatchNorm statistics) from rank 0 at construction.
   bool broadcast_buffers = true;
 };
@@ -43,8 +46,10 @@ class DataParallel {
 
   /// loss.backward(), then synchronize_gradients() unless a no_sync() guard is alive.
   void backward(const Tensor& loss);
-  /// Replaces every parameter's gradient by its average over the ranks, bucket by bucket
-  /// (one evaluation produces all buckets, whose all-reduces then run concurrently). A
+  /// Replaces every parameter's gradient by its average over the ranks, bucket by bucket: a
+  /// host bucket's all-reduce starts as soon as the evaluation has produced its gradients,
+  /// while the rest of the backward pass runs (without a memory budget), and the buckets'
+  /// all-reduces run concurrently. A
   /// parameter without a gradient on this rank contributes zeros and gets the average.
   /// Does nothing while a no_sync() guard is alive. With a gradient reducer set, calls it
   /// instead.
@@ -85,11 +90,23 @@ class DataParallel {
   /// Parameter indices (into module.parameters()) of each bucket, in reduction order.
   const std::vector<std::vector<size_t>>& buckets() const { return buckets_; }
   Communicator& communicator() const { return *comm_; }
+  /// What one gradient synchronisation did: the buckets it all-reduced, and how many of
+  /// them started while the evaluation of the gradients (the backward pass) still ran.
+  struct SyncStats {
+    size_t buckets = 0;
+    size_t started_during_backward = 0;
+  };
+  /// The last synchronize_gradients()'s figures (zeros before the first, with one rank or
+  /// under a gradient reducer).
+  SyncStats last_sync() const { return last_sync_; }
   /// The wrapped module's parameters (the handles the optimizer updates).
   const std::vector<Tensor>& parameters() const { return params_; }
 
  private:
   void check_same_model();
+
+  // Sets the gradients of the parameters of `bucket` from their averaged flat message.
+  void set_bucket_gradients(size_t bucket, const Tensor& average);
 
   nn::Module* module_;
   Communicator* comm_;
@@ -99,6 +116,7 @@ class DataParallel {
   int no_sync_depth_ = 0;
   std::function<void()> reducer_;
   int report_id_ = 0;  // memory::rank_bytes source
+  SyncStats last_sync_;
 };
 
 }  // namespace kiln::dist

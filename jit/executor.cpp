@@ -11,6 +11,7 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "../core/evaluation_listener.h"
 #include "../core/log.h"
 #include "../core/structural_hash.h"
 #include "../core/tensor.h"
@@ -457,7 +458,7 @@ struct NodeRecord {
   uint64_t seed, offset;
   const char* origin;  // named in kernels' error sites and metadata
   const char* composite;
-  std::vector<int> inputs;  // schedule positions, or -1 - leaf index
+  std::vector<int> inputs;                       // schedule positions, or -1 - leaf index
   std::shared_ptr<const CustomKernelOp> custom;  // a user kernel's payload (same_kernel)
 };
 struct LeafRecord {
@@ -1061,10 +1062,26 @@ void run_plan(const std::vector<Node*>& schedule, const std::vector<Node*>& requ
   if (cached) prepare_launches(plan.fused.plan, *cached, plan.fused.positions);
   const Positions* positions = &plan.fused.positions;
   const std::vector<Node*>* simplified = &plan.simplified.schedule;
+  // A listener hears of each requested value once the kernel computing it (the root of
+  // its group, or of its simplify representative's) has run.
+  EvaluationListener* listener = evaluation_listener();
+  std::unordered_map<Node*, std::vector<Node*>> announce;
+  if (listener) {
+    for (Node* r : requested) {
+      auto it = plan.simplified.alias.find(r);
+      announce[it == plan.simplified.alias.end() ? r : it->second].push_back(r);
+    }
+  }
   run_with_memory_plan(
       plan.fused.plan, plan.outputs, schedule, plan.simplified.schedule, [&](const FusionGroup& g) {
         Launch* launch = cached ? &cached->launches.at(static_cast<size_t>(g.index)) : nullptr;
         run_group(g, launch, positions, simplified);
+        if (!listener) return;
+        if (auto it = announce.find(g.root); it != announce.end() && g.root->buffer) {
+          for (Node* r : it->second) listener->value_ready(*r, g.root->buffer);
+          announce.erase(it);  // a rebuild of the same value is not news
+        }
+        listener->kernel_done();
       });
   for (auto& [out, rep] : plan.simplified.alias) {
     if (out != rep && rep->buffer) out->buffer = rep->buffer;

@@ -238,6 +238,12 @@ TEST_CASE("dist: DataParallel in one process buckets, hashes and trains like the
   dist::DataParallel one_bucket(wrapped);
   CHECK(one_bucket.buckets() == std::vector<std::vector<size_t>>{{3, 2, 1, 0}});
   CHECK_THROWS_AS(dist::DataParallel(wrapped, dist::world(), {.bucket_bytes = 0}), ValueError);
+  CHECK_THROWS_AS(dist::DataParallel(wrapped, dist::world(), {.first_bucket_bytes = 0}),
+                  ValueError);
+  // The first bucket closes early (12 + 96 bytes > 100), the rest at 1000 bytes.
+  dist::DataParallel early(wrapped, dist::world(),
+                           {.bucket_bytes = 1000, .first_bucket_bytes = 100});
+  CHECK(early.buckets() == std::vector<std::vector<size_t>>{{3}, {2, 1, 0}});
 
   optim::SGD opt_plain(plain.parameters(), {.lr = 0.1});
   optim::SGD opt_wrapped(wrapped.parameters(), {.lr = 0.1});

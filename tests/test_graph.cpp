@@ -2,21 +2,22 @@
 // (and held intermediates: weak sync), evaluated nodes drop their inputs so loops do not grow
 // the graph or the pool, deep chains are handled without recursion, values read back in the
 // requested type, independent graphs evaluate concurrently, executors can be chosen.
-#include <catch2/catch.hpp>
-
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
+#include <catch2/catch.hpp>
 #include <cmath>
 #include <csignal>
-#include <cstdio>
 #include <cstdint>
+#include <cstdio>
 #include <random>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "core/evaluation_listener.h"
 #include "frontend/kiln.h"
 #include "memory/host_pool.h"
 
@@ -79,7 +80,8 @@ TEST_CASE("graph: building ops evaluates nothing until a value is read", "[graph
     // fusion's choice; their values are right either way (r is counter-based random, so
     // recomputing it gives the bits z saw).
     std::vector<float> zv = z.to_vector<float>(), rv = r.to_vector<float>();
-    for (size_t i = 0; i < v.size(); ++i) CHECK(zv[i] == Approx(std::exp(v[i] * 2.0 + 1.0) - rv[i]).epsilon(1e-5));
+    for (size_t i = 0; i < v.size(); ++i)
+      CHECK(zv[i] == Approx(std::exp(v[i] * 2.0 + 1.0) - rv[i]).epsilon(1e-5));
   }
 }
 
@@ -152,7 +154,8 @@ TEST_CASE("graph: a 10,000-step loop keeps node count and pool memory flat", "[g
   for (float f : final_values) CHECK(f == 2.0f);
 }
 
-TEST_CASE("graph: held results are kept, unheld intermediates give their memory back", "[graph][memory]") {
+TEST_CASE("graph: held results are kept, unheld intermediates give their memory back",
+          "[graph][memory]") {
   SECTION("a held pending result that overlaps the request is evaluated with it (weak sync)") {
     std::vector<float> v = random_floats(16, 5);
     Tensor x = kiln::from_vector<float>(v);
@@ -239,7 +242,8 @@ TEST_CASE("graph: item, to_vector and data convert or check the element type", "
     CHECK(f.to_vector<bool>() == std::vector<bool>{true, true, true});
     std::vector<kiln::Half> h = f.to_vector<kiln::Half>();
     CHECK(static_cast<float>(h[0]) == -2.75f);
-    CHECK(kiln::from_vector<int64_t>({int64_t{1} << 62}).to_vector<int64_t>()[0] == int64_t{1} << 62);
+    CHECK(kiln::from_vector<int64_t>({int64_t{1} << 62}).to_vector<int64_t>()[0] == int64_t{1}
+                                                                                        << 62);
   }
   SECTION("item converts a single element") {
     CHECK(kiln::tensor(int32_t{-7}).item<float>() == -7.0f);
@@ -316,7 +320,8 @@ TEST_CASE("graph: the executor can be chosen by name", "[graph]") {
   CHECK(z.item<float>() == 2.0f);  // the failed attempt left the graph usable
 }
 
-TEST_CASE("graph: evaluating in one thread while others build and drop pending tensors", "[graph][threads]") {
+TEST_CASE("graph: evaluating in one thread while others build and drop pending tensors",
+          "[graph][threads]") {
   // Evaluation looks at other held pending tensors (weak sync); tensors that other threads
   // create and drop meanwhile must neither be touched after they die nor change results.
   // Runs in a child process so that a crash fails this test instead of ending the suite.
@@ -358,4 +363,53 @@ TEST_CASE("graph: evaluating in one thread while others build and drop pending t
                         << (WIFSIGNALED(status) ? WTERMSIG(status) : 0));
   CHECK(WIFEXITED(status));
   CHECK(WEXITSTATUS(status) == 0);
+}
+
+// dist::DataParallel starts a bucket's all-reduce from these announcements, while the
+// rest of the backward pass runs.
+TEST_CASE("an evaluation listener hears of each requested value once its kernel has run",
+          "[graph]") {
+  using namespace kiln;
+  struct Recorder : EvaluationListener {
+    size_t kernels = 0;
+    std::vector<const Node*> nodes;
+    std::vector<size_t> kernels_before;
+    std::vector<std::vector<float>> values;
+    void value_ready(const Node& n, const std::shared_ptr<Buffer>& v) override {
+      nodes.push_back(&n);
+      kernels_before.push_back(kernels);
+      const auto* f = static_cast<const float*>(v->host_data());
+      values.emplace_back(f, f + n.numel());
+    }
+    void kernel_done() override { ++kernels; }
+  };
+  manual_seed(3);
+  const Tensor x = randn({64, 32}).eval();
+  const Tensor a = exp(x * 0.5f);
+  const Tensor b = sum(a * a, {1});             // a reduction reading a: a later kernel
+  const Tensor c = reshape(a + 0.f, {32, 64});  // simplify may answer it with a's value
+  Recorder r;
+  {
+    ScopedEvaluationListener listen(r);
+    eval({a, b, c});
+  }
+  REQUIRE(r.kernels >= 2);
+  const std::vector<Tensor> wanted{a, b, c};
+  for (const Tensor& t : wanted) {
+    const auto it = std::find(r.nodes.begin(), r.nodes.end(), t.node().get());
+    if (it == r.nodes.end()) continue;  // attached at the end only: allowed
+    CHECK(std::count(r.nodes.begin(), r.nodes.end(), t.node().get()) == 1);
+    const size_t k = static_cast<size_t>(it - r.nodes.begin());
+    CHECK(r.values[k] == t.to_vector<float>());  // the final value, bit for bit
+  }
+  // a and b are kernels' results: announced, a before the kernel that reduces it.
+  const auto at = std::find(r.nodes.begin(), r.nodes.end(), a.node().get());
+  REQUIRE(at != r.nodes.end());
+  REQUIRE(std::find(r.nodes.begin(), r.nodes.end(), b.node().get()) != r.nodes.end());
+  CHECK(r.kernels_before[static_cast<size_t>(at - r.nodes.begin())] < r.kernels);
+  // Outside the scope nothing is told.
+  const size_t heard = r.nodes.size();
+  (exp(x) + 1.f).eval();
+  CHECK(r.nodes.size() == heard);
+  CHECK(evaluation_listener() == nullptr);
 }

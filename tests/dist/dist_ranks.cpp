@@ -224,6 +224,14 @@ void ddp(dist::Communicator& c) {
   // Sums over R*B examples in another order: float32 reassociation only.
   expect(worst <= 1e-5, "parameters differ from the single-process reference by " +
                             std::to_string(worst) + " (tolerance 1e-5)");
+  // Every bucket's gradients come out of the backward evaluation's kernels, so each
+  // all-reduce started before that evaluation returned.
+  const dist::DataParallel::SyncStats sync = ddp.last_sync();
+  expect(sync.buckets == ddp.buckets().size() && sync.buckets >= 3,
+         "the last synchronisation reduced every bucket");
+  expect(sync.started_during_backward == sync.buckets,
+         std::to_string(sync.started_during_backward) + " of " + std::to_string(sync.buckets) +
+             " buckets started during the backward pass");
   std::printf("rank %d of %d: ddp ok, %d steps, max |difference| from one process %.2e\n", r, R,
               steps, worst);
 }
