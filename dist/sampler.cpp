@@ -1,5 +1,7 @@
 #include "sampler.h"
 
+#include <new>
+#include <stdexcept>
 #include <string>
 
 #include "communicator.h"
@@ -27,6 +29,21 @@ DistributedSampler::DistributedSampler(int64_t dataset_size, const Communicator&
     : DistributedSampler(dataset_size, comm.size(), comm.rank(), options) {}
 
 std::vector<int64_t> DistributedSampler::indices(uint64_t epoch) const {
+  try {
+    return build_indices(epoch);
+  } catch (const std::bad_alloc&) {
+    // The whole epoch's order is built on every rank (as PyTorch's), 8 bytes per example.
+    throw OutOfMemoryError("[DistributedSampler] cannot allocate the index list of an epoch over " +
+                           std::to_string(n_) + " examples (8 bytes each, on every rank); " +
+                           "expected a dataset size whose index list fits in memory");
+  } catch (const std::length_error&) {
+    throw OutOfMemoryError("[DistributedSampler] an epoch over " + std::to_string(n_) +
+                           " examples needs more index entries than a vector can hold; "
+                           "expected a dataset size whose index list fits in memory");
+  }
+}
+
+std::vector<int64_t> DistributedSampler::build_indices(uint64_t epoch) const {
   std::vector<int64_t> order;
   if (options_.shuffle) {
     order = data::random_permutation(n_, options_.seed, epoch);

@@ -41,6 +41,8 @@ class DistributedSampler : public data::Sampler {
   std::vector<int64_t> indices(uint64_t epoch) const override;
 
  private:
+  std::vector<int64_t> build_indices(uint64_t epoch) const;
+
   int64_t n_;
   int replicas_, rank_;
   DistributedSamplerOptions options_;

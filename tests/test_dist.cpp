@@ -173,6 +173,9 @@ TEST_CASE("dist: DistributedSampler shards like PyTorch's", "[dist]") {
   const dist::DistributedSamplerOptions drop{.shuffle = false, .drop_last = true};
   CHECK(DistributedSampler(10, 3, 2, drop).indices(0) == std::vector<int64_t>{2, 5, 8});
   CHECK(DistributedSampler(2, 4, 3, plain).indices(0) == std::vector<int64_t>{1});
+  // An epoch's index list that cannot exist is an OutOfMemoryError, not std::bad_alloc.
+  CHECK_THROWS_AS(DistributedSampler(int64_t{1} << 50, 2, 0).indices(0), OutOfMemoryError);
+  CHECK_THROWS_AS(DistributedSampler(int64_t{1} << 62, 2, 1, plain).indices(0), OutOfMemoryError);
 
   // With shuffle: disjoint shards covering the epoch's permutation, a new order each epoch,
   // the same order for the same (seed, epoch).
