@@ -3,7 +3,7 @@
 # of {"workload", "kiln_ms", "baseline", "baseline_ms", ...} objects (docs/benchmarks.md).
 #
 # bench_fused and bench_compile run once per CPU compiler (the compiler is chosen once per
-# process); bench_gemm, bench_conv, bench_train, bench_plan, bench_cuda and bench_dist once
+# process); bench_gemm, bench_conv, bench_train, bench_plan, bench_seqlen, bench_cuda and bench_dist once
 # (bench_cuda adds no rows without a CUDA device; scripts/gpu-check.sh runs it on the GPU
 # machine; bench_dist starts its ranks with mpiexec).
 # Every row carries wall and process CPU times, the CPU model, its ISA level, kiln's float32
@@ -54,12 +54,13 @@ done
 [[ -x $bench_dir/bench_conv ]] && run "$bench_dir/bench_conv" --json "$lines"
 [[ -x $bench_dir/bench_train ]] && run "$bench_dir/bench_train" --json "$lines"
 [[ -x $bench_dir/bench_plan ]] && run "$bench_dir/bench_plan" --json "$lines"
+[[ -x $bench_dir/bench_seqlen ]] && run "$bench_dir/bench_seqlen" --json "$lines"
 [[ -x $bench_dir/bench_cuda ]] && run "$bench_dir/bench_cuda" --json "$lines"
 [[ -x $bench_dir/bench_dist ]] && run "$bench_dir/bench_dist" --json "$lines"
 
 for exe in "$bench_dir"/bench_*; do
   case $(basename "$exe") in
-    bench_fused | bench_compile | bench_gemm | bench_conv | bench_train | bench_plan | bench_cuda | bench_dist) continue ;;
+    bench_fused | bench_compile | bench_gemm | bench_conv | bench_train | bench_plan | bench_seqlen | bench_cuda | bench_dist) continue ;;
   esac
   [[ -f $exe && -x $exe ]] && run "$exe"
 done
