@@ -38,8 +38,16 @@
 // targets: kiln / PyTorch autocast <= 1 (the row's target), kept <= 0.52x and step <= 0.75x
 // float32's on a CPU with AVX512-BF16 (in the note).
 //
-// `--only mlp|lstm|transformer|varlen|amp` runs one part; KILN_BENCH_PLAN_REPS sets the timed
-// steps per row (default 5, as the runs in docs/benchmarks.md use).
+// Rows plan_<model>_matched_<method> (issue 27 section 4): PyTorch's activation checkpointing
+// methods on the same three steps (bench_plan_torch.py: checkpoint_sequential segments for
+// the MLP, checkpointed sequence chunks for the LSTM, per-layer / every-k-layers / selective
+// checkpointing for the Transformer), each measured as bytes its step adds above its start
+// and its step time; kiln runs its step with a budget of its own start plus those bytes.
+// The note compares the extra step time over each side's plain step: kiln's <= 0.5x
+// PyTorch's (LSTM, Transformer), <= 0.8x (MLP).
+//
+// `--only mlp|lstm|transformer|varlen|amp|matched` runs one part; KILN_BENCH_PLAN_REPS sets the
+// timed steps per row (default 5, as the runs in docs/benchmarks.md use).
 #include <unistd.h>
 
 #include <algorithm>
@@ -248,21 +256,61 @@ Paired measure_paired(const Model& model, int reps, int seq, size_t budget) {
   return m;
 }
 
+// One of PyTorch's checkpointing methods on a model (bench_plan_torch.py): its median step
+// and the most bytes its step adds above the step's start.
+struct TorchMethod {
+  std::string name;
+  Times step;
+  double above = -1;
+};
+
+std::vector<TorchMethod> run_torch_methods(const std::string& model, int reps, std::string* note) {
+  std::vector<TorchMethod> out;
+  if (std::system("python3 -c 'import torch' >/dev/null 2>&1") != 0) {
+    *note = "PyTorch not installed (scripts/setup_torch.sh)";
+    return out;
+  }
+  const std::string cmd = "timeout " + std::to_string(env_int("BENCH_TORCH_TIMEOUT", 900)) +
+                          " python3 " KILN_BENCH_DIR "/bench_plan_torch.py --threads " +
+                          std::to_string(thread_pool().size()) + " --reps " + std::to_string(reps) +
+                          " --model " + model + " 2>/dev/null";
+  FILE* p = popen(cmd.c_str(), "r");
+  if (!p) {
+    *note = "could not run bench_plan_torch.py";
+    return out;
+  }
+  char line[512];
+  while (std::fgets(line, sizeof line, p)) {
+    char got[64], method[64];
+    TorchMethod m;
+    if (std::sscanf(line, "RESULT %63s %63s %lf %lf %lf", got, method, &m.step.wall_ms,
+                    &m.step.cpu_ms, &m.above) == 5 &&
+        model == got) {
+      m.name = method;
+      out.push_back(m);
+    }
+  }
+  if (pclose(p) != 0 || out.empty()) *note = "bench_plan_torch.py failed";
+  return out;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   example::Flags flags = bench_flags(
       "bench_plan", "Memory planning: peaks and step times of training steps under budgets.");
   flags.add("only", "",
-            "run one part only: mlp, lstm, transformer, varlen, or amp (the Transformer in "
-            "fp32, bf16 and fp16 autocast beside torch.autocast)");
+            "run one part only: mlp, lstm, transformer, varlen, amp (the Transformer in "
+            "fp32, bf16 and fp16 autocast beside torch.autocast), or matched (the three steps "
+            "at the memory of PyTorch's checkpointing methods)");
   flags.note("environment: KILN_BENCH_PLAN_REPS (timed steps, default 5), KILN_BENCH_VERBOSE");
   if (std::optional<int> code = parse_or_exit(flags, argc, argv)) return *code;
   const std::string only = flags.str("only");
   if (!only.empty() && only != "mlp" && only != "lstm" && only != "transformer" &&
-      only != "varlen" && only != "amp") {
+      only != "varlen" && only != "amp" && only != "matched") {
     std::fprintf(stderr,
-                 "bench_plan: --only expects mlp, lstm, transformer, varlen or amp, got '%s'\n",
+                 "bench_plan: --only expects mlp, lstm, transformer, varlen, amp or matched, got "
+                 "'%s'\n",
                  only.c_str());
     return 2;
   }
@@ -358,6 +406,78 @@ int main(int argc, char** argv) {
       results.add(r);
     }
     memory::clear_budget();
+  }
+  if (only.empty() || only == "matched") {
+    // Side by side at matched memory (issue 27 section 4): each of PyTorch's checkpointing
+    // methods (bench_plan_torch.py) adds some bytes above its step's start and some step
+    // time over plain eager; kiln runs the same step with a budget of its own start plus
+    // those bytes. Targets on the extra time: kiln's <= 0.5x PyTorch's on the LSTM and the
+    // Transformer, <= 0.8x on the MLP.
+    for (Spec spec : {Spec{"mlp", 0}, Spec{"lstm", 0}, Spec{"transformer", 256}}) {
+      std::string torch_note;
+      const std::vector<TorchMethod> methods = run_torch_methods(spec.name, reps, &torch_note);
+      const TorchMethod* plain = nullptr;
+      for (const TorchMethod& m : methods)
+        if (m.name == "none") plain = &m;
+      memory::clear_budget();
+      Model model = make(spec.name);
+      const Measured base = measure(model, reps, spec.seq);
+      const double target = std::string(spec.name) == "mlp" ? 0.8 : 0.5;
+      for (const TorchMethod& method : methods) {
+        if (plain == nullptr || &method == plain) continue;
+        const size_t budget = base.start + static_cast<size_t>(method.above);
+        Result r;
+        r.workload = std::string("plan_") + spec.name + "_matched_" + method.name;
+        r.baseline = "torch-" + method.name;
+        r.set_baseline(method.step);
+        const double torch_extra = 100.0 * (method.step.wall_ms / plain->step.wall_ms - 1);
+        try {
+          const Paired m = measure_paired(model, reps, spec.seq, budget);
+          r.set_kiln({m.ms, m.cpu_ms});
+          const double kiln_extra = 100.0 * (m.ms / m.base_ms - 1);
+          const double extra_ratio =
+              torch_extra > 0 ? std::max(kiln_extra, 0.0) / torch_extra : NAN;
+          char note[300];
+          std::snprintf(note, sizeof note,
+                        "above start: torch %s, kiln %s%s; extra time kiln %+.1f%%, torch "
+                        "%+.1f%%: %.2f (target <= %.1f: %s)",
+                        memory::format_bytes(static_cast<size_t>(method.above)).c_str(),
+                        memory::format_bytes(m.peak > base.start ? m.peak - base.start : 0).c_str(),
+                        m.peak <= budget ? "" : " OVER", kiln_extra, torch_extra, extra_ratio,
+                        target,
+                        std::isnan(extra_ratio) ? "n/a"
+                        : extra_ratio <= target ? "met"
+                                                : "MISSED");
+          r.note = note;
+          r.extra = {{"torch_above_start_bytes", method.above},
+                     {"kiln_above_start_bytes",
+                      static_cast<double>(m.peak > base.start ? m.peak - base.start : 0)},
+                     {"budget_bytes", static_cast<double>(budget)},
+                     {"kiln_unplanned_ms", m.base_ms},
+                     {"torch_eager_ms", plain->step.wall_ms},
+                     {"kiln_extra_pct", kiln_extra},
+                     {"torch_extra_pct", torch_extra},
+                     {"extra_ratio", extra_ratio},
+                     {"extra_ratio_target", target}};
+        } catch (const OutOfMemoryError& e) {
+          r.kiln_ms = -1;
+          const std::string what = e.what();
+          const size_t at = what.find("smallest budget");
+          r.note = "infeasible: " + what.substr(at == std::string::npos ? 0 : at, 70);
+          memory::clear_budget();
+          model.step(spec.seq);
+        }
+        results.add(r);
+      }
+      if (methods.empty()) {
+        Result r;
+        r.workload = std::string("plan_") + spec.name + "_matched";
+        r.kiln_ms = -1;
+        r.note = "no PyTorch side: " + torch_note;
+        results.add(r);
+      }
+      memory::clear_budget();
+    }
   }
   if (only.empty() || only == "varlen") {
     // Sequence lengths change every step: does the pool's layout keep up?
