@@ -57,8 +57,8 @@
 #include "frontend/optim.h"
 #include "kept_for_backward.h"
 #include "memory/memory.h"
-#include "memory/step_graph_file.h"
-#include "memory/work_floor.h"
+#include "memory/planner/work_floor.h"
+#include "memory/reports/step_graph_file.h"
 
 using namespace kiln;
 using namespace kiln::bench;

@@ -23,7 +23,7 @@
 #include <string>
 #include <vector>
 
-#include "memory/step_graph_file.h"
+#include "memory/reports/step_graph_file.h"
 
 namespace kiln::bench {
 

@@ -3,7 +3,7 @@
 #include <cstring>
 #include <string>
 
-#include "../memory/rank_bytes.h"
+#include "../memory/reports/rank_bytes.h"
 #include "../ops/ops.h"
 #include "flat.h"
 

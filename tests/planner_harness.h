@@ -25,12 +25,12 @@
 #include <vector>
 
 #include "core/error.h"
-#include "memory/arena_fit.h"
-#include "memory/arena_plan.h"
-#include "memory/recompute_planner.h"
-#include "memory/schedule_order.h"
-#include "memory/step_graph_file.h"
-#include "memory/work_floor.h"
+#include "memory/planner/arena_fit.h"
+#include "memory/planner/arena_plan.h"
+#include "memory/planner/recompute_planner.h"
+#include "memory/planner/schedule_order.h"
+#include "memory/planner/work_floor.h"
+#include "memory/reports/step_graph_file.h"
 
 namespace planner_test {
 

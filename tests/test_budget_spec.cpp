@@ -16,9 +16,9 @@
 #include "frontend/kiln.h"
 #include "frontend/nn/nn.h"
 #include "frontend/optim.h"
-#include "memory/budget_spec.h"
 #include "memory/memory.h"
-#include "memory/step_graph_file.h"
+#include "memory/pools/budget_spec.h"
+#include "memory/reports/step_graph_file.h"
 #include "test_files.h"
 
 using namespace kiln;

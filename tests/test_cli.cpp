@@ -21,7 +21,7 @@
 #include <vector>
 
 #include "jit/blas.h"
-#include "memory/step_graph_file.h"
+#include "memory/reports/step_graph_file.h"
 
 namespace fs = std::filesystem;
 using Json = nlohmann::json;

@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "frontend/kiln.h"
-#include "memory/host_pool.h"
+#include "memory/pools/host_pool.h"
 
 using kiln::DType;
 using kiln::Node;

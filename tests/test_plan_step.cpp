@@ -5,7 +5,7 @@
 // with the figures the error needs.
 #include <catch2/catch.hpp>
 
-#include "memory/plan_step.h"
+#include "memory/planner/plan_step.h"
 #include "planner_harness.h"
 
 using namespace planner_test;

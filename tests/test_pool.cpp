@@ -15,8 +15,8 @@
 
 #include "core/allocator.h"
 #include "core/error.h"
-#include "memory/host_pool.h"
 #include "memory/memory.h"
+#include "memory/pools/host_pool.h"
 
 using kiln::memory::HostPool;
 

@@ -11,14 +11,14 @@
 #include <vector>
 
 #include "core/error.h"
-#include "memory/budget.h"
-#include "memory/budget_spec.h"
-#include "memory/caching_pool.h"
-#include "memory/device_pools.h"
-#include "memory/plan_step.h"
-#include "memory/schedule_order.h"
-#include "memory/step_graph_file.h"
-#include "memory/work_floor.h"
+#include "memory/planner/plan_step.h"
+#include "memory/planner/schedule_order.h"
+#include "memory/planner/work_floor.h"
+#include "memory/pools/budget.h"
+#include "memory/pools/budget_spec.h"
+#include "memory/pools/caching_pool.h"
+#include "memory/pools/device_pools.h"
+#include "memory/reports/step_graph_file.h"
 #include "tools/cli.h"
 
 namespace kiln::cli {

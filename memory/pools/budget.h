@@ -5,7 +5,7 @@
 #include <cstddef>
 #include <string>
 
-#include "../core/device.h"
+#include "../../core/device.h"
 #include "budget_spec.h"
 
 namespace kiln::memory {

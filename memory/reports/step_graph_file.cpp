@@ -10,8 +10,8 @@
 #include <optional>
 #include <sstream>
 
-#include "../core/error.h"
-#include "../core/settings.h"
+#include "../../core/error.h"
+#include "../../core/settings.h"
 
 namespace kiln::memory {
 namespace {

@@ -9,7 +9,7 @@
 #include <sstream>
 #include <utility>
 
-#include "../core/error.h"
+#include "../../core/error.h"
 
 // Under AddressSanitizer, cached blocks are poisoned so that a use after deallocate() is
 // reported even though the memory never went back to malloc.
