@@ -1,4 +1,4 @@
-// Memory budgets as a user writes them (memory/budget_spec.h): every accepted form, every
+// Memory budgets as a user writes them (memory/pools/budget_spec.h): every accepted form, every
 // refusal with its message, from each entry point (set_budget, KILN_MEMORY_BUDGET, the
 // examples' --memory-budget; `kiln plan` in test_cli.cpp), and the KILN_PLAN_DUMP files and
 // budget errors that tell a training step from an evaluation after it.

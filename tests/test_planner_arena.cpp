@@ -1,5 +1,5 @@
-// Arena placement (memory/arena_plan.h) and fitting a plan's reserve to the budget
-// (memory/arena_fit.h), with the searches that choose among plans (simulate_best,
+// Arena placement (memory/planner/arena_plan.h) and fitting a plan's reserve to the budget
+// (memory/planner/arena_fit.h), with the searches that choose among plans (simulate_best,
 // search_evictions, plan_within), on hand-built and seeded random steps.
 #include <catch2/catch.hpp>
 
@@ -8,7 +8,7 @@
 using namespace planner_test;
 
 // ---------------------------------------------------------------------------------------
-// Arena placement (memory/arena_plan.h).
+// Arena placement (memory/planner/arena_plan.h).
 
 namespace {
 

@@ -1,5 +1,5 @@
-// Kernel orders (memory/schedule_order.h), the work floor (memory/work_floor.h) and step
-// graph files (memory/step_graph_file.h) on seeded random and hand-built steps.
+// Kernel orders (memory/planner/schedule_order.h), the work floor (memory/planner/work_floor.h) and
+// step graph files (memory/reports/step_graph_file.h) on seeded random and hand-built steps.
 #include <catch2/catch.hpp>
 
 #include "planner_harness.h"
@@ -7,7 +7,7 @@
 using namespace planner_test;
 
 // ---------------------------------------------------------------------------------------
-// Kernel orders (memory/schedule_order.h).
+// Kernel orders (memory/planner/schedule_order.h).
 
 namespace {
 

@@ -151,7 +151,7 @@ int run_plan_command(const Invocation& inv) {
     row["work_floor_feasible"] = floor_at.feasible;
     row["work_floor_pct"] = floor_pct;
     row["work_floor_kernel"] = floor_at.at_kernel;
-    // What the stage itself makes of the step (memory/plan_step.h), as for a CPU step whose
+    // What the stage itself makes of the step (memory/planner/plan_step.h), as for a CPU step whose
     // costs have settled: the kernel order, the plan fitted so that the arena and the blocks
     // beside it keep the budget, and its placement. The file records the tables' block
     // sizes, not the pool: the arena gets those sizes, and no free space is pinned beside it.

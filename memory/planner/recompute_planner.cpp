@@ -643,7 +643,7 @@ RecomputePlan simulate_best(const StepGraph& graph, const PlannerOptions& option
   // would exceed the budget: past that a release relieves nothing, and an early layer's
   // value rebuilt by a GEMM stops looking cheaper than a later one's rebuilt by a copy. On
   // the benchmark Transformer at half its releasable bytes it took the extra work from
-  // 6.7% to 6.2% (the floor, memory/work_floor.h: 4.4%).
+  // 6.7% to 6.2% (the floor, memory/planner/work_floor.h: 4.4%).
   const int end = pressure_end(graph, options.budget);
   if (end >= 0 && options.pressure_end < 0) {
     // As given and, where it is tried, with every candidate scored: the seeds moved little.
