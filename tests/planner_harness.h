@@ -47,7 +47,6 @@ using kiln::memory::load_step_graph;
 using kiln::memory::lower_bound;
 using kiln::memory::order_name;
 using kiln::memory::plan_arena;
-using kiln::memory::plan_within;
 using kiln::memory::PlanAction;
 using kiln::memory::PlanKernel;
 using kiln::memory::PlannerOptions;

@@ -177,8 +177,6 @@ int run_plan_command(const Invocation& inv) {
       std::string held = holds ? "held" : "over the budget";
       if (stage.fitted_for > 0 && holds)
         held += ", planned for " + mem::format_bytes(stage.fitted_for);
-      if (stage.executes_at < budget)
-        held += ", decided at " + mem::format_bytes(stage.executes_at) + " (tighter)";
       std::snprintf(line, sizeof line,
                     "  arena %s for %s alive at once; reserve %s, %s; peak %s, +%.1f%% work, "
                     "%zu rebuilds\n",
@@ -192,7 +190,6 @@ int run_plan_command(const Invocation& inv) {
       row["reserve_bytes"] = reserved;
       row["reserve_held"] = holds;
       row["planned_for"] = stage.fitted_for;
-      row["executes_at"] = stage.executes_at;
       row["kept_in_gaps"] = stage.kept_in_gaps;
       row["planned_peak"] = p.peak;
       row["planned_rebuilds"] = p.recomputes;

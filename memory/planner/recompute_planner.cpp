@@ -706,19 +706,6 @@ RecomputePlan search_evictions(const StepGraph& graph, RecomputePlan best,
   return best;
 }
 
-RecomputePlan plan_within(const StepGraph& graph, const PlannerOptions& options, size_t* used) {
-  *used = options.budget;
-  RecomputePlan plan = simulate_step(graph, options);
-  const size_t floor = lower_bound(graph);
-  for (int i = 1; i < 16 && !plan.feasible && options.budget > floor; ++i) {
-    PlannerOptions o = options;
-    o.budget = options.budget - (options.budget - floor) * static_cast<size_t>(i) / 16;
-    RecomputePlan tighter = simulate_step(graph, o);
-    if (tighter.feasible) plan = std::move(tighter), *used = o.budget;
-  }
-  return plan;
-}
-
 size_t smallest_feasible_budget(const StepGraph& graph, const PlannerOptions& options) {
   PlannerOptions o = options;
   o.budget = 0;
