@@ -9,9 +9,9 @@
 // peak_bytes (the pool's measured peak of allocated bytes over the timed steps),
 // budget_bytes, the unplanned peak, the planned peak, the planner's time per step, the
 // rebuilds per step, the extra work and its floor (the least any plan needs at that budget,
-// memory/work_floor.h, on the tables of an unplanned step), the arena's size and bytes alive
-// at once (memory/arena_plan.h), and the pool's reserved/allocated ratio at the peak over
-// budgeted steps alone.
+// memory/planner/work_floor.h, on the tables of an unplanned step), the arena's size and bytes
+// alive at once (memory/planner/arena_plan.h), and the pool's reserved/allocated ratio at the peak
+// over budgeted steps alone.
 //
 // A budget fraction f means start + kept + f x (unplanned peak - start - kept): start is
 // what the pool holds when the step begins (parameters, optimizer state, data), kept is what
@@ -65,8 +65,8 @@
 #include "frontend/optim.h"
 #include "kept_for_backward.h"
 #include "memory/memory.h"
-#include "memory/step_graph_file.h"
-#include "memory/work_floor.h"
+#include "memory/planner/work_floor.h"
+#include "memory/reports/step_graph_file.h"
 
 using namespace kiln;
 using namespace kiln::bench;
@@ -197,7 +197,7 @@ Measured measure(const Model& model, int reps, int seq, int warmup = kSettlingSt
 }
 
 // The tables of one more unplanned step, with the kernel times measured so far, written
-// through KILN_PLAN_DUMP and read back: each row's work floor (memory/work_floor.h) comes
+// through KILN_PLAN_DUMP and read back: each row's work floor (memory/planner/work_floor.h) comes
 // from them.
 memory::StepGraph step_tables(const Model& model, int seq) {
   const std::string path = (std::filesystem::temp_directory_path() /

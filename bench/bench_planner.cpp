@@ -6,8 +6,8 @@
 #include <chrono>
 #include <cstdio>
 
-#include "memory/recompute_planner.h"
-#include "memory/schedule_order.h"
+#include "memory/planner/recompute_planner.h"
+#include "memory/planner/schedule_order.h"
 #include "tests/planner_harness.h"
 
 using namespace planner_test;

@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "examples/common/flags.h"
-#include "memory/host_pool.h"
+#include "memory/pools/host_pool.h"
 
 namespace {
 

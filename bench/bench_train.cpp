@@ -39,7 +39,7 @@
 #include "frontend/nn/nn.h"
 #include "frontend/optim.h"
 #include "kept_for_backward.h"
-#include "memory/host_pool.h"
+#include "memory/pools/host_pool.h"
 
 using namespace kiln;
 using namespace kiln::bench;

@@ -1,6 +1,6 @@
 #pragma once
 // What a training step keeps for its backward pass, read from the step's planning tables
-// (KILN_PLAN_DUMP, memory/step_graph_file.h): kiln evaluates forward, backward and update
+// (KILN_PLAN_DUMP, memory/reports/step_graph_file.h): kiln evaluates forward, backward and update
 // as one graph, so there is no moment "between forward and backward" to read the pool at;
 // the tables say instead which kernel made each value and which kernels read it.
 //
@@ -23,7 +23,7 @@
 #include <string>
 #include <vector>
 
-#include "memory/step_graph_file.h"
+#include "memory/reports/step_graph_file.h"
 
 namespace kiln::bench {
 

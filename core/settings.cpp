@@ -19,7 +19,7 @@ const std::vector<Variable> kVariables = {
     {"KILN_SEED", "an unsigned 64-bit integer, decimal or 0x-hex (e.g. 42 or 0x2a)",
      "initial seed of the default random generator (default 0)", W::PerProcess},
     {"KILN_MEMORY_BUDGET",
-     // memory/budget_spec.cpp's accepted_budget_forms(Pool), word for word (a test checks).
+     // memory/pools/budget_spec.cpp's accepted_budget_forms(Pool), word for word (a test checks).
      "a size: whole bytes (4096) or a number with a unit, KB MB GB TB (powers of 1000) or KiB "
      "MiB GiB TiB (powers of 1024), such as 300MB, 512MiB or 1.5GiB; a percentage of device "
      "memory (physical RAM for the cpu) such as 50%; or none",

@@ -7,8 +7,8 @@
 #include <unordered_map>
 
 #include "../core/evaluation_listener.h"
-#include "../memory/budget.h"
-#include "../memory/rank_bytes.h"
+#include "../memory/pools/budget.h"
+#include "../memory/reports/rank_bytes.h"
 #include "../ops/ops.h"
 #include "backends.h"
 #include "flat.h"

@@ -2,7 +2,7 @@
 
 #include <string>
 
-#include "../memory/rank_bytes.h"
+#include "../memory/reports/rank_bytes.h"
 #include "../ops/ops.h"
 #include "data_parallel.h"
 #include "flat.h"

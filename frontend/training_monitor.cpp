@@ -12,11 +12,11 @@
 #include <sstream>
 
 #include "../core/error.h"
-#include "../memory/budget.h"
-#include "../memory/caching_pool.h"
-#include "../memory/device_pools.h"
-#include "../memory/host_pool.h"
-#include "../memory/plan_report.h"
+#include "../memory/pools/budget.h"
+#include "../memory/pools/caching_pool.h"
+#include "../memory/pools/device_pools.h"
+#include "../memory/pools/host_pool.h"
+#include "../memory/reports/plan_report.h"
 #include "optim.h"
 
 namespace kiln {

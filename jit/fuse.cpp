@@ -7,7 +7,7 @@
 #include <unordered_map>
 
 #include "../core/settings.h"
-#include "../memory/budget.h"
+#include "../memory/pools/budget.h"
 #include "kernel_ir.h"
 
 namespace kiln::jit {

@@ -45,7 +45,7 @@ struct FusionPlan {
 FusionPlan fuse(const std::vector<Node*>& schedule, const std::unordered_set<Node*>& outputs);
 
 /// Which store hints fusion honours in one evaluation: StoreHint::Always, and
-/// StoreHint::Unbudgeted while the node's device has no memory budget (memory/budget.h).
+/// StoreHint::Unbudgeted while the node's device has no memory budget (memory/pools/budget.h).
 /// Each device's budget is read once per object: the plan cache's signature asks for every
 /// node of every evaluation.
 class StoreHints {

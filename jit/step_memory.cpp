@@ -9,15 +9,15 @@
 
 #include "../core/error.h"
 #include "../core/settings.h"
-#include "../memory/budget.h"
-#include "../memory/caching_pool.h"
-#include "../memory/device_pools.h"
-#include "../memory/host_pool.h"
 #include "../memory/memory.h"
-#include "../memory/plan_report.h"
-#include "../memory/plan_step.h"
-#include "../memory/step_graph_file.h"
-#include "../memory/step_record.h"
+#include "../memory/planner/plan_step.h"
+#include "../memory/pools/budget.h"
+#include "../memory/pools/caching_pool.h"
+#include "../memory/pools/device_pools.h"
+#include "../memory/pools/host_pool.h"
+#include "../memory/reports/plan_report.h"
+#include "../memory/reports/step_graph_file.h"
+#include "../memory/reports/step_record.h"
 
 namespace kiln::jit {
 namespace {

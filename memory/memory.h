@@ -2,14 +2,14 @@
 // Everything memory/ offers, and the one report that covers every memory space.
 #include <string>
 
-#include "budget.h"
-#include "caching_pool.h"
-#include "device_pools.h"
-#include "host_pool.h"
-#include "placement.h"
-#include "plan_report.h"
-#include "rank_bytes.h"
-#include "step_record.h"
+#include "pools/budget.h"
+#include "pools/caching_pool.h"
+#include "pools/device_pools.h"
+#include "pools/host_pool.h"
+#include "pools/placement.h"
+#include "reports/plan_report.h"
+#include "reports/rank_bytes.h"
+#include "reports/step_record.h"
 
 namespace kiln::memory {
 

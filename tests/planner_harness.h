@@ -25,12 +25,12 @@
 #include <vector>
 
 #include "core/error.h"
-#include "memory/arena_fit.h"
-#include "memory/arena_plan.h"
-#include "memory/recompute_planner.h"
-#include "memory/schedule_order.h"
-#include "memory/step_graph_file.h"
-#include "memory/work_floor.h"
+#include "memory/planner/arena_fit.h"
+#include "memory/planner/arena_plan.h"
+#include "memory/planner/recompute_planner.h"
+#include "memory/planner/schedule_order.h"
+#include "memory/planner/work_floor.h"
+#include "memory/reports/step_graph_file.h"
 
 namespace planner_test {
 
@@ -47,7 +47,6 @@ using kiln::memory::load_step_graph;
 using kiln::memory::lower_bound;
 using kiln::memory::order_name;
 using kiln::memory::plan_arena;
-using kiln::memory::plan_within;
 using kiln::memory::PlanAction;
 using kiln::memory::PlanKernel;
 using kiln::memory::PlannerOptions;

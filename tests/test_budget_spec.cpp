@@ -1,4 +1,4 @@
-// Memory budgets as a user writes them (memory/budget_spec.h): every accepted form, every
+// Memory budgets as a user writes them (memory/pools/budget_spec.h): every accepted form, every
 // refusal with its message, from each entry point (set_budget, KILN_MEMORY_BUDGET, the
 // examples' --memory-budget; `kiln plan` in test_cli.cpp), and the KILN_PLAN_DUMP files and
 // budget errors that tell a training step from an evaluation after it.
@@ -16,9 +16,9 @@
 #include "frontend/kiln.h"
 #include "frontend/nn/nn.h"
 #include "frontend/optim.h"
-#include "memory/budget_spec.h"
 #include "memory/memory.h"
-#include "memory/step_graph_file.h"
+#include "memory/pools/budget_spec.h"
+#include "memory/reports/step_graph_file.h"
 #include "test_files.h"
 
 using namespace kiln;

@@ -21,7 +21,7 @@
 #include <vector>
 
 #include "jit/blas.h"
-#include "memory/step_graph_file.h"
+#include "memory/reports/step_graph_file.h"
 
 namespace fs = std::filesystem;
 using Json = nlohmann::json;
@@ -376,7 +376,7 @@ TEST_CASE("kiln CLI: plan replays a dumped step in every kernel order", "[cli]")
   CHECK(roomy.at("arena_live_peak") == 22);
   CHECK(roomy.at("fitted_extra_work_pct") == 0);
   CHECK_FALSE(j.at("budgets").at(2).contains("arena_bytes"));
-  // The work floor (memory/work_floor.h): none at 23, where the eager order recomputes
+  // The work floor (memory/planner/work_floor.h): none at 23, where the eager order recomputes
   // nothing; at 12 making x2 needs the leaf, x1 and x2 at once (21 bytes), in any order.
   CHECK(tight.at("work_floor_feasible") == true);
   CHECK(tight.at("work_floor_pct") == 0);

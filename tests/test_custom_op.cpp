@@ -15,7 +15,7 @@
 #include "jit/kernel_cache.h"
 #include "jit/nvrtc.h"
 #include "memory/memory.h"
-#include "memory/plan_report.h"
+#include "memory/reports/plan_report.h"
 #include "tests/op_harness.h"
 
 using namespace kiln;

@@ -14,7 +14,7 @@
 
 #include "core/settings.h"
 #include "frontend/kiln.h"
-#include "memory/host_pool.h"
+#include "memory/pools/host_pool.h"
 
 using kiln::DType;
 using kiln::IndexExpr;

@@ -14,9 +14,9 @@
 #include "jit/kernel_ir.h"
 #include "jit/library_gemm.h"
 #include "jit/printer_cpp.h"
-#include "memory/caching_pool.h"
-#include "memory/host_pool.h"
-#include "memory/plan_report.h"
+#include "memory/pools/caching_pool.h"
+#include "memory/pools/host_pool.h"
+#include "memory/reports/plan_report.h"
 #include "ops/reindex.h"
 
 using namespace kiln;

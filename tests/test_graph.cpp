@@ -19,7 +19,7 @@
 
 #include "core/evaluation_listener.h"
 #include "frontend/kiln.h"
-#include "memory/host_pool.h"
+#include "memory/pools/host_pool.h"
 
 using kiln::DType;
 using kiln::Node;

@@ -298,9 +298,9 @@ TEST_CASE("once a step's plan is fixed the pool's measured reserve stays within 
           "[plan]") {
   BudgetGuard guard;
   // The plan is made for less than the budget by what the arena's packing, the blocks beside
-  // it and the pool's segments need (memory/arena_fit.h), then values are kept in the arena's
-  // gaps. On these models that can cost more than the default limit of 5% more work, so here
-  // it may cost anything.
+  // it and the pool's segments need (memory/planner/arena_fit.h), then values are kept in the
+  // arena's gaps. On these models that can cost more than the default limit of 5% more work, so
+  // here it may cost anything.
   struct LimitGuard {
     double was = memory::reserve_work_limit();
     ~LimitGuard() { memory::set_reserve_work_limit(was); }

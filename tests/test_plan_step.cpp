@@ -1,11 +1,11 @@
-// The memory stage's entry point (memory/plan_step.h) on hand-built and seeded random steps:
-// a plan is stored once the costs are final and run again only for tables equal to the
-// ones it was made for (compared whole, not by hash), its execution options reproduce it,
-// its tables are the given ones in the order it chose, and an infeasible budget comes back
-// with the figures the error needs.
+// The memory stage's entry point (memory/planner/plan_step.h) on hand-built and seeded random
+// steps: a plan is stored once the costs are final and run again only for tables equal to the ones
+// it was made for (compared whole, not by hash), its execution options reproduce it, its tables are
+// the given ones in the order it chose, and an infeasible budget comes back with the figures the
+// error needs.
 #include <catch2/catch.hpp>
 
-#include "memory/plan_step.h"
+#include "memory/planner/plan_step.h"
 #include "planner_harness.h"
 
 using namespace planner_test;

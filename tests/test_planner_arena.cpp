@@ -1,6 +1,6 @@
-// Arena placement (memory/arena_plan.h) and fitting a plan's reserve to the budget
-// (memory/arena_fit.h), with the searches that choose among plans (simulate_best,
-// search_evictions, plan_within), on hand-built and seeded random steps.
+// Arena placement (memory/planner/arena_plan.h) and fitting a plan's reserve to the budget
+// (memory/planner/arena_fit.h), with the searches that choose among plans (simulate_best,
+// search_evictions), on hand-built and seeded random steps.
 #include <catch2/catch.hpp>
 
 #include "planner_harness.h"
@@ -8,7 +8,7 @@
 using namespace planner_test;
 
 // ---------------------------------------------------------------------------------------
-// Arena placement (memory/arena_plan.h).
+// Arena placement (memory/planner/arena_plan.h).
 
 namespace {
 
@@ -386,46 +386,4 @@ TEST_CASE("planner evictions_past_gaps keeps a value whose place stays free", "[
   placed.bytes = 200;
   REQUIRE(check_arena(bl.g, plan.actions, value_bytes(bl.g), placed) == "");
   CHECK(evictions_past_gaps(bl.g, plan, placed, value_bytes(bl.g)).size() == 1);
-}
-
-TEST_CASE("planner plan_within fits a budget the greedy gives up at by planning tighter",
-          "[planner]") {
-  // Find steps where the greedy is not monotone: infeasible at a budget, feasible below it.
-  std::mt19937_64 rng(23);
-  StepShape shape;
-  int found = 0, checked = 0;
-  for (int n = 0; n < 400 && found < 20; ++n) {
-    const StepGraph g = random_step(rng, shape);
-    const size_t lb = lower_bound(g), top = simulate_step(g, PlannerOptions{}).peak;
-    if (top <= lb + 16) continue;
-    for (int i = 1; i < 16; ++i) {
-      const size_t budget = lb + (top - lb) * static_cast<size_t>(i) / 16;
-      PlannerOptions o;
-      o.budget = budget;
-      size_t used = 0;
-      const RecomputePlan p = plan_within(g, o, &used);
-      ++checked;
-      INFO("graph " << n << ", budget " << budget << " (lb " << lb << ", top " << top << ")");
-      if (plan_with(g, budget).feasible) {
-        // Feasible as asked: plan_within is simulate_step.
-        REQUIRE(p.feasible);
-        CHECK(used == budget);
-        continue;
-      }
-      if (!p.feasible) {
-        CHECK(used == budget);
-        continue;
-      }
-      ++found;
-      CHECK(used < budget);
-      CHECK(used >= lb);
-      CHECK(p.peak <= used);
-      // The same plan as simulate_step at the tighter budget, and sound there.
-      CHECK(render(p.actions) == render(plan_with(g, used).actions));
-      REQUIRE(replay(g, p, used).error == "");
-    }
-  }
-  CHECK(checked > 100);
-  CHECK(found > 0);
-  WARN("budgets the greedy gave up at and fitted tighter: " << found << " of " << checked);
 }

@@ -1,4 +1,4 @@
-// The recomputation planner executing a step on a machine (memory/recompute_planner.h,
+// The recomputation planner executing a step on a machine (memory/planner/recompute_planner.h,
 // StepMachine): it decides against the machine's own bytes, holds the budget on a machine
 // with slack, and ends infeasible, never looping, when releases free nothing.
 #include <catch2/catch.hpp>

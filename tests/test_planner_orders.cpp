@@ -1,5 +1,5 @@
-// Kernel orders (memory/schedule_order.h), the work floor (memory/work_floor.h) and step
-// graph files (memory/step_graph_file.h) on seeded random and hand-built steps.
+// Kernel orders (memory/planner/schedule_order.h), the work floor (memory/planner/work_floor.h) and
+// step graph files (memory/reports/step_graph_file.h) on seeded random and hand-built steps.
 #include <catch2/catch.hpp>
 
 #include "planner_harness.h"
@@ -7,7 +7,7 @@
 using namespace planner_test;
 
 // ---------------------------------------------------------------------------------------
-// Kernel orders (memory/schedule_order.h).
+// Kernel orders (memory/planner/schedule_order.h).
 
 namespace {
 
@@ -179,6 +179,9 @@ TEST_CASE("planner step graphs survive a round trip through a file", "[planner]"
   for (size_t k = 0; k < file.graph.kernels.size(); ++k)
     file.kernel_names.push_back(k % 2 ? "matmul+relu" : "");
   file.graph.kernels[0].cost = 1.0 / 3.0;
+  // Candidates travel with the tables, so a replay reorders them as the stage does.
+  for (auto& k : file.graph.kernels)
+    if (!k.inputs.empty()) k.in_place_candidates = {k.inputs.back()};
   const std::string path = std::filesystem::temp_directory_path().string() + "/kiln-step-" +
                            std::to_string(::getpid()) + ".graph";
   save_step_graph(file, path);
@@ -192,7 +195,8 @@ TEST_CASE("planner step graphs survive a round trip through a file", "[planner]"
     const auto &a = file.graph.kernels[k], &c = back.graph.kernels[k];
     CHECK((a.inputs == c.inputs && a.output == c.output && a.cost == c.cost &&
            a.recomputable == c.recomputable && a.in_place_input == c.in_place_input &&
-           a.region == c.region && a.region_result == c.region_result));
+           a.region == c.region && a.region_result == c.region_result &&
+           a.in_place_candidates == c.in_place_candidates));
   }
   REQUIRE(back.graph.values.size() == file.graph.values.size());
   for (size_t v = 0; v < file.graph.values.size(); ++v) {

@@ -1,4 +1,4 @@
-// The recomputation planner (memory/recompute_planner.h) checked against the harness's
+// The recomputation planner (memory/planner/recompute_planner.h) checked against the harness's
 // independent replay: broken plans are rejected, and plans of seeded random steps, with and
 // without budgets, checkpoint regions and any input order, keep every rule.
 #include <catch2/catch.hpp>

@@ -15,8 +15,8 @@
 
 #include "core/allocator.h"
 #include "core/error.h"
-#include "memory/host_pool.h"
 #include "memory/memory.h"
+#include "memory/pools/host_pool.h"
 
 using kiln::memory::HostPool;
 
@@ -399,7 +399,7 @@ TEST_CASE("pool: an arena reserves its size and reserved_in_use leaves out free 
   CHECK(HostPool::arena_segment(3 * kMiB + 100) == 3 * kMiB + 128);  // the pool's alignment
   CHECK(HostPool::arena_segment(100) == kMiB + 64);                  // a large block at least
   // Sizes a 2 MiB or 20 MiB segment would round up are reserved to the byte the plan
-  // counts (memory/arena_fit.h).
+  // counts (memory/planner/arena_fit.h).
   for (size_t bytes : {3 * kMiB + 100, 700 * kKiB, 37 * kMiB + 4096}) {
     INFO(bytes);
     void* base = pool.open_arena(bytes);

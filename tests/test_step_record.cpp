@@ -15,8 +15,8 @@
 #include <vector>
 
 #include "core/error.h"
-#include "memory/caching_pool.h"
-#include "memory/step_record.h"
+#include "memory/pools/caching_pool.h"
+#include "memory/reports/step_record.h"
 #include "test_files.h"
 
 using kiln::memory::StepEvent;

@@ -1,6 +1,7 @@
 // `kiln plan FILE [BUDGET...]`: replays the memory planner on a step's tables written by
-// KILN_PLAN_DUMP, in every kernel order, at the budgets given, then places the chosen plan
-// in an arena and fits its reserve as a CPU step does. It answers "what budget could this
+// KILN_PLAN_DUMP, in every kernel order, at the budgets given, then runs the memory stage
+// (plan_step) on it as a CPU step whose costs have settled: the order, plan, arena and
+// reserve kiln would run. It answers "what budget could this
 // step fit, and at what cost" without the model that produced it.
 #include <algorithm>
 #include <cstdio>
@@ -10,14 +11,14 @@
 #include <vector>
 
 #include "core/error.h"
-#include "memory/arena_fit.h"
-#include "memory/budget.h"
-#include "memory/budget_spec.h"
-#include "memory/caching_pool.h"
-#include "memory/device_pools.h"
-#include "memory/schedule_order.h"
-#include "memory/step_graph_file.h"
-#include "memory/work_floor.h"
+#include "memory/planner/plan_step.h"
+#include "memory/planner/schedule_order.h"
+#include "memory/planner/work_floor.h"
+#include "memory/pools/budget.h"
+#include "memory/pools/budget_spec.h"
+#include "memory/pools/caching_pool.h"
+#include "memory/pools/device_pools.h"
+#include "memory/reports/step_graph_file.h"
 #include "tools/cli.h"
 
 namespace kiln::cli {
@@ -64,7 +65,7 @@ int run_plan_command(const Invocation& inv) {
   std::vector<Ordered> orders;
   size_t unplanned = 0;
   for (mem::ScheduleOrder order : mem::all_orders()) {
-    mem::StepGraph h = mem::reorder(g, mem::schedule_order(g, order, file.fixed_tail));
+    mem::StepGraph h = mem::reorder_to_run(g, mem::schedule_order(g, order, file.fixed_tail));
     const size_t peak = mem::simulate_step(h, mem::PlannerOptions{}).peak;
     // Without a budget kiln runs the order of the lowest peak: shares are of that step.
     unplanned = orders.empty() ? peak : std::min(unplanned, peak);
@@ -150,37 +151,49 @@ int run_plan_command(const Invocation& inv) {
     row["work_floor_feasible"] = floor_at.feasible;
     row["work_floor_pct"] = floor_pct;
     row["work_floor_kernel"] = floor_at.at_kernel;
-    const mem::OrderChoice choice = mem::choose_schedule_order(g, options, file.fixed_tail);
-    std::snprintf(line, sizeof line, "  kiln would run: %s%s\n", mem::order_name(choice.order),
-                  choice.plan.feasible ? "" : " (and refuse the budget)");
+    // What the stage itself makes of the step (memory/planner/plan_step.h), as for a CPU step whose
+    // costs have settled: the kernel order, the plan fitted so that the arena and the blocks
+    // beside it keep the budget, and its placement. The file records the tables' block
+    // sizes, not the pool: the arena gets those sizes, and no free space is pinned beside it.
+    mem::PlanRequest request;
+    request.budget = budget;
+    request.fixed_tail = file.fixed_tail;
+    request.arena = true;
+    request.arena_bytes.resize(g.values.size());
+    for (size_t v = 0; v < g.values.size(); ++v) request.arena_bytes[v] = g.values[v].bytes;
+    request.pool = mem::PoolReserve{&mem::CachingPool::arena_segment, 0};
+    request.reserve_limit = mem::reserve_work_limit();
+    const mem::StepPlan stage = mem::plan_step(g, request);
+    std::snprintf(line, sizeof line, "  kiln would run: %s%s\n", mem::order_name(stage.order),
+                  stage.feasible ? "" : " (and refuse the budget)");
     text += line;
-    row["chosen"] = mem::order_name(choice.order);
-    row["chosen_feasible"] = choice.plan.feasible;
-    if (choice.plan.feasible) {
-      // The arena and the reserve as a CPU step fits them (memory/arena_fit.h), with the
-      // tables' sizes and no free space pinned beside it: the file does not record the pool.
-      const mem::StepGraph ordered = mem::reorder(g, choice.perm);
-      std::vector<size_t> sizes(ordered.values.size());
-      for (size_t v = 0; v < sizes.size(); ++v) sizes[v] = ordered.values[v].bytes;
-      const mem::PoolReserve pool{&mem::CachingPool::arena_segment, 0};
-      const mem::ArenaFit fit =
-          mem::fit_to_budget(ordered, options, sizes, true, mem::reserve_work_limit(), pool);
-      const double fit_extra =
-          fit.plan.base_cost > 0 ? 100.0 * fit.plan.extra_cost / fit.plan.base_cost : 0;
-      std::snprintf(
-          line, sizeof line, "  arena %s for %s alive at once; reserve %s, %s; +%.1f%% work\n",
-          mem::format_bytes(fit.arena.bytes).c_str(),
-          mem::format_bytes(fit.arena.live_peak).c_str(), mem::format_bytes(fit.reserved).c_str(),
-          fit.holds ? ("held, planned for " + mem::format_bytes(fit.planned_for)).c_str()
-                    : "over the budget",
-          fit_extra);
+    row["chosen"] = mem::order_name(stage.order);
+    row["chosen_feasible"] = stage.feasible;
+    if (stage.feasible) {
+      const mem::RecomputePlan& p = *stage.actions;
+      const double stage_extra = p.base_cost > 0 ? 100.0 * p.extra_cost / p.base_cost : 0;
+      const size_t reserved = request.pool.reserved(*stage.arena);
+      const bool holds = reserved <= budget;
+      std::string held = holds ? "held" : "over the budget";
+      if (stage.fitted_for > 0 && holds)
+        held += ", planned for " + mem::format_bytes(stage.fitted_for);
+      std::snprintf(line, sizeof line,
+                    "  arena %s for %s alive at once; reserve %s, %s; peak %s, +%.1f%% work, "
+                    "%zu rebuilds\n",
+                    mem::format_bytes(stage.arena->bytes).c_str(),
+                    mem::format_bytes(stage.arena->live_peak).c_str(),
+                    mem::format_bytes(reserved).c_str(), held.c_str(),
+                    mem::format_bytes(p.peak).c_str(), stage_extra, p.recomputes);
       text += line;
-      row["arena_bytes"] = fit.arena.bytes;
-      row["arena_live_peak"] = fit.arena.live_peak;
-      row["reserve_bytes"] = fit.reserved;
-      row["reserve_held"] = fit.holds;
-      row["planned_for"] = fit.planned_for;
-      row["fitted_extra_work_pct"] = fit_extra;
+      row["arena_bytes"] = stage.arena->bytes;
+      row["arena_live_peak"] = stage.arena->live_peak;
+      row["reserve_bytes"] = reserved;
+      row["reserve_held"] = holds;
+      row["planned_for"] = stage.fitted_for;
+      row["kept_in_gaps"] = stage.kept_in_gaps;
+      row["planned_peak"] = p.peak;
+      row["planned_rebuilds"] = p.recomputes;
+      row["fitted_extra_work_pct"] = stage_extra;
     }
     doc["budgets"].push_back(row);
   }

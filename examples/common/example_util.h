@@ -20,9 +20,9 @@
 
 #include "core/settings.h"
 #include "flags.h"
-#include "memory/budget_spec.h"
 #include "memory/memory.h"
-#include "memory/step_record.h"
+#include "memory/pools/budget_spec.h"
+#include "memory/reports/step_record.h"
 
 namespace example {
 

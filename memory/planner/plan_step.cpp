@@ -303,18 +303,12 @@ StepPlan plan_step(const StepGraph& given, const PlanRequest& request) {
     }
     if (!made.feasible) {
       // 3b. Near the floor an order chosen with earlier costs may no longer fit with
-      // today's measured ones: choose again, and where the greedy gives up at this budget,
-      // plan for a tighter one it fits (plan_within); execution then decides against the
-      // tighter budget too, so that it takes the same path.
+      // today's measured ones: choose again.
       out.order = measured_order(*profile, graph, planned, tail, request.timed, &settled, true);
       out.graph = in_order(graph, out.order, tail, &out.perm);
       out.tuning = PlannerTuning{};
       fit.reset();
-      size_t used = planned.budget;
-      made = plan_within(out.graph, planned, &used);
-      if (made.feasible && used < planned.budget)
-        out.executes_at =
-            std::min(request.budget, static_cast<size_t>(static_cast<double>(used) / margin));
+      made = simulate_step(out.graph, planned);
     }
     if (fit) {
       out.fitted_for = fit->planned_for;

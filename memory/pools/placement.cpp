@@ -5,9 +5,9 @@
 #include <sstream>
 #include <unordered_set>
 
-#include "../core/allocator.h"
-#include "../core/cuda_driver.h"
-#include "../core/error.h"
+#include "../../core/allocator.h"
+#include "../../core/cuda_driver.h"
+#include "../../core/error.h"
 #include "device_pools.h"
 
 namespace kiln::memory {

@@ -22,7 +22,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "../core/allocator.h"
+#include "../../core/allocator.h"
 
 namespace kiln::memory {
 

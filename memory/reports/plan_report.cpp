@@ -3,7 +3,7 @@
 #include <cstdio>
 #include <mutex>
 
-#include "caching_pool.h"
+#include "../pools/caching_pool.h"
 #include "rank_bytes.h"
 
 namespace kiln::memory {

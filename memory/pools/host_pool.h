@@ -1,5 +1,5 @@
 #pragma once
-// The caching pool for host memory (memory/caching_pool.h says how blocks are served), and
+// The caching pool for host memory (memory/pools/caching_pool.h says how blocks are served), and
 // the process-wide instance that core allocates every cpu buffer from.
 #include "caching_pool.h"
 

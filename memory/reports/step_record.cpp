@@ -15,9 +15,9 @@
 #include <string_view>
 #include <utility>
 
-#include "../core/error.h"
-#include "../core/settings.h"
-#include "caching_pool.h"
+#include "../../core/error.h"
+#include "../../core/settings.h"
+#include "../pools/caching_pool.h"
 
 namespace kiln::memory {
 namespace {

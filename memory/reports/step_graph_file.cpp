@@ -1,5 +1,6 @@
 #include "step_graph_file.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <cstdio>
@@ -9,13 +10,17 @@
 #include <optional>
 #include <sstream>
 
-#include "../core/error.h"
-#include "../core/settings.h"
+#include "../../core/error.h"
+#include "../../core/settings.h"
 
 namespace kiln::memory {
 namespace {
 
-constexpr const char* kMagic = "kiln-step-graph 1";
+// Version 2 adds each kernel's in-place candidates, so that a replay in another kernel
+// order chooses in-place inputs as the stage does (reorder_to_run); version 1 files are
+// still read, their kernels without candidates.
+constexpr const char* kMagic = "kiln-step-graph 2";
+constexpr const char* kMagicV1 = "kiln-step-graph 1";
 
 }  // namespace
 
@@ -35,12 +40,15 @@ void save_step_graph(const StepGraphFile& file, const std::string& path) {
     for (const PlanValue& v : g.values)
       out << v.bytes << ' ' << v.producer << ' ' << v.output << ' ' << v.releasable_leaf << "\n";
     out << "kernels " << g.kernels.size() << "\n";
-    // output cost recomputable in_place_input region region_result n_inputs inputs... | name
+    // output cost recomputable in_place_input region region_result n_inputs inputs...
+    // n_candidates candidates... | name
     for (size_t k = 0; k < g.kernels.size(); ++k) {
       const PlanKernel& pk = g.kernels[k];
       out << pk.output << ' ' << pk.cost << ' ' << pk.recomputable << ' ' << pk.in_place_input
           << ' ' << pk.region << ' ' << pk.region_result << ' ' << pk.inputs.size();
       for (int in : pk.inputs) out << ' ' << in;
+      out << ' ' << pk.in_place_candidates.size();
+      for (int c : pk.in_place_candidates) out << ' ' << c;
       out << " | " << (k < file.kernel_names.size() ? file.kernel_names[k] : std::string()) << "\n";
     }
     if (!out) throw IOError("[memory] cannot write the step graph to " + tmp);
@@ -74,7 +82,9 @@ StepGraphFile load_step_graph(const std::string& path) {
     if (!(s >> w >> n) || w != word) throw bad(std::string("expected '") + word + " N'");
     return n;
   };
-  if (std::getline(in, line), ++line_no, line != kMagic) throw bad("no header line");
+  if (std::getline(in, line), ++line_no, line != kMagic && line != kMagicV1)
+    throw bad("no header line");
+  const bool candidates = line == kMagic;
   file.budget = header("budget");
   g.start_bytes = header("start_bytes");
   file.fixed_tail = header("fixed_tail");
@@ -110,6 +120,14 @@ StepGraphFile load_step_graph(const std::string& path) {
     pk.inputs.resize(n);
     for (int& v : pk.inputs)
       if (!(s >> v)) throw bad("missing inputs");
+    if (candidates) {
+      size_t nc = 0;
+      if (!(s >> nc) || nc > n) throw bad("a kernel needs its count of in-place candidates");
+      pk.in_place_candidates.resize(nc);
+      for (int& v : pk.in_place_candidates)
+        if (!(s >> v) || std::find(pk.inputs.begin(), pk.inputs.end(), v) == pk.inputs.end())
+          throw bad("an in-place candidate must be one of the kernel's inputs");
+    }
     for (int v : pk.inputs)
       if (g.values[static_cast<size_t>(value_id(v))].producer >= static_cast<int>(k))
         throw bad("kernel " + std::to_string(k) + " reads value " + std::to_string(v) +

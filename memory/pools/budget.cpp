@@ -5,9 +5,9 @@
 #include <mutex>
 #include <optional>
 
-#include "../core/cuda_driver.h"
-#include "../core/error.h"
-#include "../core/settings.h"
+#include "../../core/cuda_driver.h"
+#include "../../core/error.h"
+#include "../../core/settings.h"
 #include "caching_pool.h"
 #include "device_pools.h"
 

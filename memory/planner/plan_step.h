@@ -7,8 +7,8 @@
 //
 // plan_step owns what a repeating step learns (its profile: measured kernel times, the
 // kernel order, the plan and placement made once the times settled), the cache those live
-// in, and the whole ladder of retries (fit the pool's reserve, try other orders, try
-// tighter budgets near the floor) in one function that reads top to bottom.
+// in, and the whole ladder of retries (fit the pool's reserve, try other orders, choose the
+// order again near the floor) in one function that reads top to bottom.
 #include <cstddef>
 #include <memory>
 #include <string>
@@ -45,7 +45,8 @@ struct StepProfileEntry;
 struct PlanDecision {
   std::shared_ptr<const RecomputePlan> actions;  ///< The planned actions; never null.
   PlannerTuning tuning;                          ///< How execution chooses further victims.
-  size_t executes_at = 0;                        ///< The budget execution decides against.
+  /// The budget execution decides against: the request's, without the plan margin.
+  size_t executes_at = 0;
   /// With an arena under a budget: the allocated bytes the plan was fitted for (0: not
   /// fitted), the releases kept in the arena's gaps, and the work holding the reserve adds.
   size_t fitted_for = 0, kept_in_gaps = 0;

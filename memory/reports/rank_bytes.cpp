@@ -3,7 +3,7 @@
 #include <map>
 #include <mutex>
 
-#include "caching_pool.h"
+#include "../pools/caching_pool.h"
 
 namespace kiln::memory {
 namespace {

@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "recompute_planner.h"
+#include "../planner/recompute_planner.h"
 
 namespace kiln::memory {
 

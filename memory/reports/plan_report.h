@@ -44,16 +44,16 @@ struct PlanSummary {
   double extra_cost = 0;          ///< Estimated seconds of the rebuilds.
   double planner_ms = 0;          ///< Planning time.
   bool plan_reused = false;       ///< The plan of an earlier, identical step was run again.
-  std::string order = "given";    ///< The kernel order chosen (memory/schedule_order.h).
-  size_t arena_bytes = 0;         ///< Size of the step's arena (memory/arena_plan.h); 0: none.
-  size_t arena_live_peak = 0;     ///< Highest bytes of the arena's values alive at once.
-  size_t arena_values = 0;        ///< Values written at their planned place in the arena.
+  std::string order = "given";    ///< The kernel order chosen (memory/planner/schedule_order.h).
+  size_t arena_bytes = 0;      ///< Size of the step's arena (memory/planner/arena_plan.h); 0: none.
+  size_t arena_live_peak = 0;  ///< Highest bytes of the arena's values alive at once.
+  size_t arena_values = 0;     ///< Values written at their planned place in the arena.
   /// Runs before execution strayed from the plan (the run-time fallback evicted what the plan
   /// kept), after which nothing more was placed; 0 when it never strayed.
   size_t arena_strayed_at = 0;
   size_t arena_misses = 0;  ///< Planned places still taken at run time (allocated from the pool).
   /// The budget of allocated bytes the plan was made for: below the budget by what the arena's
-  /// packing and the blocks outside it need (memory/arena_fit.h); 0 without a budget.
+  /// packing and the blocks outside it need (memory/planner/arena_fit.h); 0 without a budget.
   size_t planned_for = 0;
   /// The arena's segment, the most bytes outside it at once and `reserve_pinned`, as
   /// planned: the pool's reserve for the step. Within the budget unless `reserve_over_budget`.
@@ -62,7 +62,7 @@ struct PlanSummary {
   /// step starts: part of the reserve that no plan of the step can release.
   size_t reserve_pinned = 0;
   /// The reserve is over the budget: no tighter plan fitted it, or the one that did cost more
-  /// than memory::reserve_work_limit() of the step's work in rebuilds (memory/arena_fit.h).
+  /// than memory::reserve_work_limit() of the step's work in rebuilds (memory/planner/arena_fit.h).
   bool reserve_over_budget = false;
   /// Estimated seconds of rebuilds that holding the reserve added (or, when it is over the
   /// budget, would have added; 0: no plan that holds it was found).

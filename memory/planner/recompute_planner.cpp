@@ -643,7 +643,7 @@ RecomputePlan simulate_best(const StepGraph& graph, const PlannerOptions& option
   // would exceed the budget: past that a release relieves nothing, and an early layer's
   // value rebuilt by a GEMM stops looking cheaper than a later one's rebuilt by a copy. On
   // the benchmark Transformer at half its releasable bytes it took the extra work from
-  // 6.7% to 6.2% (the floor, memory/work_floor.h: 4.4%).
+  // 6.7% to 6.2% (the floor, memory/planner/work_floor.h: 4.4%).
   const int end = pressure_end(graph, options.budget);
   if (end >= 0 && options.pressure_end < 0) {
     // As given and, where it is tried, with every candidate scored: the seeds moved little.
@@ -704,19 +704,6 @@ RecomputePlan search_evictions(const StepGraph& graph, RecomputePlan best,
     }
   }
   return best;
-}
-
-RecomputePlan plan_within(const StepGraph& graph, const PlannerOptions& options, size_t* used) {
-  *used = options.budget;
-  RecomputePlan plan = simulate_step(graph, options);
-  const size_t floor = lower_bound(graph);
-  for (int i = 1; i < 16 && !plan.feasible && options.budget > floor; ++i) {
-    PlannerOptions o = options;
-    o.budget = options.budget - (options.budget - floor) * static_cast<size_t>(i) / 16;
-    RecomputePlan tighter = simulate_step(graph, o);
-    if (tighter.feasible) plan = std::move(tighter), *used = o.budget;
-  }
-  return plan;
 }
 
 size_t smallest_feasible_budget(const StepGraph& graph, const PlannerOptions& options) {

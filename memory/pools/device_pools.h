@@ -1,7 +1,7 @@
 #pragma once
 // The caching pools of CUDA memory: one per device (cuMemAlloc) and one of pinned host
 // memory (cuMemHostAlloc), both the same CachingPool as the host pool. Device buffers take
-// their memory from here through memory/placement.h, which also moves them to the pinned
+// their memory from here through memory/pools/placement.h, which also moves them to the pinned
 // pool when a device memory limit is reached.
 #include <string>
 

@@ -9,7 +9,7 @@
 #include <sstream>
 #include <utility>
 
-#include "../core/error.h"
+#include "../../core/error.h"
 
 // Under AddressSanitizer, cached blocks are poisoned so that a use after deallocate() is
 // reported even though the memory never went back to malloc.
@@ -253,7 +253,7 @@ void* CachingPool::open_arena(size_t bytes, bool exact) {
   if (bytes == 0 || bytes > kMaxRequest || !source_->host_addressable()) return nullptr;
   // Taken like a large block (best fit), so that the next step's arena of the same size
   // finds it again in the cache, or a segment of exactly its size: a budgeted step's plan
-  // counts its reserve to the byte (memory/arena_fit.h), and rounding up to 2 MiB put the
+  // counts its reserve to the byte (memory/planner/arena_fit.h), and rounding up to 2 MiB put the
   // benchmark LSTM's reserve 1.5 MiB over a budget its plan held.
   const size_t size = arena_segment(bytes);
   Block* block = take_free_block(large_free_, size);

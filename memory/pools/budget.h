@@ -1,18 +1,18 @@
 #pragma once
 // The memory budget of evaluations: how many bytes the pool of the device a step runs on
 // may have allocated at once. kiln plans every step to stay under it by releasing values
-// early and rebuilding them (memory/recompute_planner.h). None by default.
+// early and rebuilding them (memory/planner/recompute_planner.h). None by default.
 #include <cstddef>
 #include <string>
 
-#include "../core/device.h"
+#include "../../core/device.h"
 #include "budget_spec.h"
 
 namespace kiln::memory {
 
 /// Sets the budget in bytes for every device (0 removes it).
 void set_budget(size_t bytes);
-/// Sets the budget from text, read by parse_budget (memory/budget_spec.h): plain bytes,
+/// Sets the budget from text, read by parse_budget (memory/pools/budget_spec.h): plain bytes,
 /// a size with a unit ("512MiB", "2GB", "1.5GiB"), a percentage of each device's total
 /// memory ("50%"; physical RAM for the cpu), or "none". Throws BudgetError (a ValueError)
 /// naming set_budget for anything else; "0.5" is refused, not read as a share. The
@@ -35,7 +35,7 @@ void set_plan_margin(double fraction);
 double plan_margin();
 /// How much more recomputation, as a share of a step's work, holding the pool's reserve (the
 /// step's arena and the blocks beside it) within the budget may cost; beyond that only the
-/// allocated bytes keep the budget (memory/arena_fit.h). 0.05 by default; infinity holds it
+/// allocated bytes keep the budget (memory/planner/arena_fit.h). 0.05 by default; infinity holds it
 /// wherever a plan can, 0 only where it costs nothing. KILN_RESERVE_WORK_LIMIT sets it at
 /// start-up ("inf" or a number); a negative or NaN share throws ValueError.
 void set_reserve_work_limit(double share);

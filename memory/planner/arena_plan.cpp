@@ -311,18 +311,13 @@ ArenaPlan plan_arena(const StepGraph& graph, const std::vector<PlanAction>& acti
            1;
   };
   auto bytes_of = [&](int i) { return slots[static_cast<size_t>(i)].bytes; };
-  // Three orders of placement, the smallest arena wins: largest first, ties longest first
-  // (long-lived values settle low and short ones fill the gaps above them); largest first,
-  // ties earliest; largest bytes x lifetime first. None is best on every step.
-  std::vector<std::vector<int>> orders(3, freed);
-  std::stable_sort(orders[0].begin(), orders[0].end(), [&](int a, int b) {
+  // Greedy by size: largest first, ties longest first (long-lived values settle low and
+  // short ones fill the gaps above them). One order: the skyline and the refinement below
+  // vary the placement, and other greedy orders beside them did not pay
+  // (docs/benchmarks.md, "Memory planning as one stage, replayed").
+  std::vector<int> by_size = freed;
+  std::stable_sort(by_size.begin(), by_size.end(), [&](int a, int b) {
     return bytes_of(a) != bytes_of(b) ? bytes_of(a) > bytes_of(b) : span(a) > span(b);
-  });
-  std::stable_sort(orders[1].begin(), orders[1].end(),
-                   [&](int a, int b) { return bytes_of(a) > bytes_of(b); });
-  std::stable_sort(orders[2].begin(), orders[2].end(), [&](int a, int b) {
-    return static_cast<double>(bytes_of(a)) * static_cast<double>(span(a)) >
-           static_cast<double>(bytes_of(b)) * static_cast<double>(span(b));
   });
   // The bytes alive at once: no placement needs less.
   std::vector<int64_t> delta(actions.size() + 1, 0);
@@ -334,14 +329,9 @@ ArenaPlan plan_arena(const StepGraph& graph, const std::vector<PlanAction>& acti
   int64_t live = 0;
   for (int64_t d : delta) plan.live_peak = std::max(plan.live_peak, static_cast<size_t>(live += d));
 
-  std::vector<int64_t> best_offsets;
-  const std::vector<int>* best_order = nullptr;
-  size_t best_bytes = std::numeric_limits<size_t>::max();
   std::vector<int64_t> offset(slots.size(), -1);
-  for (const std::vector<int>& order : orders) {
-    const size_t bytes = place(slots, order, offset);
-    if (bytes < best_bytes) best_bytes = bytes, best_offsets = offset, best_order = &order;
-  }
+  size_t best_bytes = place(slots, by_size, offset);
+  std::vector<int64_t> best_offsets = offset;
   const size_t best_order_bytes = best_bytes;
   // The skyline rules: none is best on every step either, nor is greedy by size.
   for (SkylineRule rule :
@@ -356,12 +346,12 @@ ArenaPlan plan_arena(const StepGraph& graph, const std::vector<PlanAction>& acti
     if (bytes < best_bytes) best_bytes = bytes, best_offsets = offset;
   }
   if (refine && best_bytes > plan.live_peak && freed.size() > 2) {
-    // Hill climbing from the best greedy order, sideways moves included (the arena's size is flat
+    // Hill climbing from the greedy order, sideways moves included (the arena's size is flat
     // over most moves). A fixed seed: the same plan always gets the same placement.
     const auto n = static_cast<double>(freed.size());
     const int moves = static_cast<int>(std::min<double>(kRefineMoves, kRefineWork / (n * n)));
     uint64_t state = 0x6b696c6e;
-    std::vector<int> current = *best_order;
+    std::vector<int> current = by_size;
     size_t current_bytes = best_order_bytes;
     for (int m = 0; m < moves && best_bytes > plan.live_peak; ++m) {
       std::vector<int> next = current;

@@ -198,12 +198,6 @@ RecomputePlan simulate_best(const StepGraph& graph, const PlannerOptions& option
 RecomputePlan search_evictions(const StepGraph& graph, RecomputePlan plan,
                                const PlannerOptions& options);
 
-/// simulate_step under `options.budget`, or where the greedy gives up there, under the first of
-/// 15 tighter budgets (evenly down to the lower bound) where it does not: near the floor the
-/// greedy is not monotone in the budget (a tighter budget sends it down another path). A
-/// plan within a tighter budget is within this one. `used` receives the budget planned for.
-RecomputePlan plan_within(const StepGraph& graph, const PlannerOptions& options, size_t* used);
-
 /// The smallest budget (in steps of 1/64 of the range above the lower bound) for which
 /// simulate_step finds a plan, by bisection between the lower bound and the unbudgeted peak.
 size_t smallest_feasible_budget(const StepGraph& graph, const PlannerOptions& options);

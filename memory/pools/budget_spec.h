@@ -18,7 +18,7 @@
 #include <cstddef>
 #include <string>
 
-#include "../core/error.h"
+#include "../../core/error.h"
 
 namespace kiln::memory {
 

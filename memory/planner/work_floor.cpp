@@ -1,4 +1,4 @@
-#include "memory/work_floor.h"
+#include "memory/planner/work_floor.h"
 
 #include <algorithm>
 #include <vector>

@@ -8,9 +8,9 @@
 #include <string>
 #include <vector>
 
-#include "../core/cuda_driver.h"
-#include "../core/error.h"
-#include "../core/settings.h"
+#include "../../core/cuda_driver.h"
+#include "../../core/error.h"
+#include "../../core/settings.h"
 
 namespace kiln::memory {
 namespace {
