@@ -26,6 +26,7 @@ namespace {
 const char* kHeader = R"(
 #ifdef __CUDACC__
 #define FA_FN __device__ inline
+#define FA_R __restrict__
 FA_FN float fa_exp(float x) { return expf(x); }
 FA_FN double fa_exp(double x) { return exp(x); }
 FA_FN float fa_log(float x) { return logf(x); }
@@ -34,7 +35,26 @@ FA_FN float fa_ninf(float) { return __int_as_float(0xff800000); }
 FA_FN double fa_ninf(double) { return __longlong_as_double((long long)0xfff0000000000000ULL); }
 #else
 #define FA_FN static inline
-FA_FN float fa_exp(float x) { return __builtin_expf(x); }
+#define FA_R __restrict
+// float: a Cephes-style exp (degree-6 polynomial after a two-step ln 2 reduction, within
+// 2 ulp) that the vectorizer turns into SIMD code, where libm's expf is a scalar call per
+// score. Below -87.3 (e^x under float's normal range; -inf included) it is exactly 0, as
+// a masked score must be.
+FA_FN float fa_exp(float x) {
+  const float big = x > 88.0f ? 88.0f : x;  // arguments here are <= 0 (scores less a maximum)
+  const float n = __builtin_floorf(big * 1.44269504088896341f + 0.5f);
+  float r = big - n * 0.693359375f;
+  r = r - n * -2.12194440e-4f;
+  float p = 1.9875691500E-4f;
+  p = p * r + 1.3981999507E-3f;
+  p = p * r + 8.3334519073E-3f;
+  p = p * r + 4.1665795894E-2f;
+  p = p * r + 1.6666665459E-1f;
+  p = p * r + 5.0000001201E-1f;
+  p = p * r * r + r + 1.0f;
+  const float scale = __builtin_bit_cast(float, ((int)n + 127) << 23);
+  return x < -87.3365447505531f ? 0.0f : p * scale;
+}
 FA_FN double fa_exp(double x) { return __builtin_exp(x); }
 FA_FN float fa_log(float x) { return __builtin_logf(x); }
 FA_FN double fa_log(double x) { return __builtin_log(x); }
@@ -54,20 +74,66 @@ FA_FN T fa_bias(const T* mask, const long long* shape, long long div, long long 
 // dst [width][FA_BC] and padded with zeros to FA_BC columns: the dot products below then
 // run over a contiguous FA_BC-wide row, which vectorizes without reassociation.
 template <typename T>
-FA_FN void fa_transpose(T* dst, const T* src, long long from, long long rows, long long width) {
+FA_FN void fa_transpose(T* FA_R dst, const T* FA_R src, long long from, long long rows, long long width) {
   for (long long d = 0; d < width; ++d) {
     for (long long c = 0; c < rows; ++c) dst[d * FA_BC + c] = src[(from + c) * width + d];
     for (long long c = rows; c < FA_BC; ++c) dst[d * FA_BC + c] = 0;
   }
 }
-// out[c] = sum_d a[d] * bt[d][c] for c < FA_BC.
+// One row of scores made final in place: scaled, the mask's row added, keys after query i
+// set to -inf when causal. Separate contiguous loops, so each vectorizes.
 template <typename T>
-FA_FN void fa_dots(T* out, const T* a, const T* bt, long long width) {
-  for (int c = 0; c < FA_BC; ++c) out[c] = 0;
-  for (long long d = 0; d < width; ++d) {
-    const T x = a[d];
-    const T* b = bt + d * FA_BC;
-    for (int c = 0; c < FA_BC; ++c) out[c] += x * b[c];
+FA_FN void fa_finish_scores(T* FA_R sr, long long nc, T sc, const T* FA_R mask,
+                            const long long* shape, long long div, long long n, long long i,
+                            long long j0, bool has_mask, bool causal) {
+  for (long long c = 0; c < nc; ++c) sr[c] *= sc;
+  if (has_mask) {
+    const T* row = mask + ((n / div) % shape[0]) * shape[1] * shape[2] +
+                   (shape[1] == 1 ? 0 : i) * shape[2];
+    if (shape[2] == 1) {
+      for (long long c = 0; c < nc; ++c) sr[c] += row[0];
+    } else {
+      for (long long c = 0; c < nc; ++c) sr[c] += row[j0 + c];
+    }
+  }
+  if (causal)
+    for (long long c = i - j0 + 1 > 0 ? i - j0 + 1 : 0; c < nc; ++c) sr[c] = fa_ninf(T(0));
+}
+// out[r][c] = sum_d a[r][d] * bt[d][c] for r < rows, c < FA_BC (a's rows `width` apart):
+// four rows at a time share each load of bt and keep their sums in registers. Each sum
+// runs over d in order, whatever the grouping.
+template <typename T>
+FA_FN void fa_dots(T* FA_R out, const T* FA_R a, long long rows, const T* FA_R bt,
+                   long long width) {
+  long long r = 0;
+  for (; r + 4 <= rows; r += 4) {
+    T acc[4][FA_BC];
+    for (int x = 0; x < 4; ++x)
+      for (int c = 0; c < FA_BC; ++c) acc[x][c] = 0;
+    const T* a0 = a + r * width;
+    for (long long d = 0; d < width; ++d) {
+      const T* b = bt + d * FA_BC;
+      const T x0 = a0[d], x1 = a0[width + d], x2 = a0[2 * width + d], x3 = a0[3 * width + d];
+      for (int c = 0; c < FA_BC; ++c) {
+        const T bc = b[c];
+        acc[0][c] += x0 * bc;
+        acc[1][c] += x1 * bc;
+        acc[2][c] += x2 * bc;
+        acc[3][c] += x3 * bc;
+      }
+    }
+    for (int x = 0; x < 4; ++x)
+      for (int c = 0; c < FA_BC; ++c) out[(r + x) * FA_BC + c] = acc[x][c];
+  }
+  for (; r < rows; ++r) {
+    T acc[FA_BC];
+    for (int c = 0; c < FA_BC; ++c) acc[c] = 0;
+    for (long long d = 0; d < width; ++d) {
+      const T x = a[r * width + d];
+      const T* b = bt + d * FA_BC;
+      for (int c = 0; c < FA_BC; ++c) acc[c] += x * b[c];
+    }
+    for (int c = 0; c < FA_BC; ++c) out[r * FA_BC + c] = acc[c];
   }
 }
 )";
@@ -95,26 +161,18 @@ for (long long task = kiln_task_begin; task < kiln_task_end; ++task) {
   for (long long j0 = 0; j0 < send; j0 += FA_BC) {
     const long long nc = send - j0 < FA_BC ? send - j0 : FA_BC;
     fa_transpose(kt, kn, j0, nc, D);
+    fa_dots(s, qn + i0 * D, nr, kt, D);
     for (long long r = 0; r < nr; ++r) {
       const long long i = i0 + r;
       T* sr = s + r * FA_BC;
-      fa_dots(sr, qn + i * D, kt, D);
+      fa_finish_scores(sr, nc, sc, mask, mask_shape, div, n, i, j0, has_mask, causal);
       T mx = m[r];
-      for (long long c = 0; c < nc; ++c) {
-        T x = sr[c] * sc;
-        if (has_mask) x += fa_bias(mask, mask_shape, div, n, i, j0 + c);
-        if (causal && j0 + c > i) x = ninf;
-        sr[c] = x;
-        mx = x > mx ? x : mx;
-      }
+      for (long long c = 0; c < nc; ++c) mx = sr[c] > mx ? sr[c] : mx;
       if (mx == ninf) continue;  // nothing visible yet: this block adds nothing
       const T alpha = fa_exp(m[r] - mx);
+      for (long long c = 0; c < nc; ++c) sr[c] = fa_exp(sr[c] - mx);
       T rs = 0;
-      for (long long c = 0; c < nc; ++c) {
-        const T p = fa_exp(sr[c] - mx);
-        sr[c] = p;
-        rs += p;
-      }
+      for (long long c = 0; c < nc; ++c) rs += sr[c];
       l[r] = l[r] * alpha + rs;
       m[r] = mx;
       T* ar = acc + r * DV;
@@ -142,13 +200,13 @@ const long long RB = (L + FA_BR - 1) / FA_BR, CB = (S + FA_BC - 1) / FA_BC;
 const long long G = L * D + S * D + S * DV;
 const bool causal = opts[0] != 0, has_mask = opts[2] != 0;
 const long long div = opts[1];
-const T sc = scale[0], ninf = fa_ninf(T(0));
+const T sc = scale[0];
 T* kt = (T*)__builtin_alloca(sizeof(T) * (FA_BC * (D + DV + D + DV) + FA_BR * D));
 T* vt = kt + D * FA_BC;
 T* dka = vt + DV * FA_BC;
 T* dva = dka + FA_BC * D;
 T* dqa = dva + FA_BC * DV;
-T s[FA_BC], dp[FA_BC];
+T s[FA_BR * FA_BC], dp[FA_BR * FA_BC];
 for (long long task = kiln_task_begin; task < kiln_task_end; ++task) {
   const long long n = task / (RB + CB), b = task % (RB + CB);
   const T* qn = q + n * L * D;
@@ -168,17 +226,18 @@ for (long long task = kiln_task_begin; task < kiln_task_end; ++task) {
       const long long nc = send - j0 < FA_BC ? send - j0 : FA_BC;
       fa_transpose(kt, kn, j0, nc, D);
       fa_transpose(vt, vn, j0, nc, DV);
+      fa_dots(s, qn + i0 * D, nr, kt, D);
+      fa_dots(dp, gn + i0 * DV, nr, vt, DV);
       for (long long r = 0; r < nr; ++r) {
         const long long i = i0 + r;
-        fa_dots(s, qn + i * D, kt, D);
-        fa_dots(dp, gn + i * DV, vt, DV);
         const T lse = fn[i * (DV + 1) + DV], di = dn[i];
         T* qa = dqa + r * D;
+        T* sr = s + r * FA_BC;
+        const T* dpr = dp + r * FA_BC;
+        fa_finish_scores(sr, nc, sc, mask, mask_shape, div, n, i, j0, has_mask, causal);
+        for (long long c = 0; c < nc; ++c) sr[c] = fa_exp(sr[c] - lse) * (dpr[c] - di);
         for (long long c = 0; c < nc; ++c) {
-          T x = s[c] * sc;
-          if (has_mask) x += fa_bias(mask, mask_shape, div, n, i, j0 + c);
-          if (causal && j0 + c > i) x = ninf;
-          const T ds = fa_exp(x - lse) * (dp[c] - di);
+          const T ds = sr[c];
           const T* kj = kn + (j0 + c) * D;
           for (long long d = 0; d < D; ++d) qa[d] += ds * kj[d];
         }
@@ -193,22 +252,30 @@ for (long long task = kiln_task_begin; task < kiln_task_end; ++task) {
     for (long long x = 0; x < nc * D; ++x) dka[x] = 0;
     for (long long x = 0; x < nc * DV; ++x) dva[x] = 0;
     // Causal: rows i < j0 see none of these keys.
-    for (long long i = causal ? j0 : 0; i < L; ++i) {
-      fa_dots(s, qn + i * D, kt, D);
-      fa_dots(dp, gn + i * DV, vt, DV);
+    for (long long i0 = causal ? j0 : 0; i0 < L; i0 += FA_BR) {
+     const long long nr = L - i0 < FA_BR ? L - i0 : FA_BR;
+     fa_dots(s, qn + i0 * D, nr, kt, D);
+     fa_dots(dp, gn + i0 * DV, nr, vt, DV);
+     for (long long r = 0; r < nr; ++r) {
+      const long long i = i0 + r;
       const T lse = fn[i * (DV + 1) + DV], di = dn[i];
       const T* qi = qn + i * D;
       const T* gi = gn + i * DV;
+      T* sr = s + r * FA_BC;
+      T* dpr = dp + r * FA_BC;
+      fa_finish_scores(sr, nc, sc, mask, mask_shape, div, n, i, j0, has_mask, causal);
       for (long long c = 0; c < nc; ++c) {
-        T x = s[c] * sc;
-        if (has_mask) x += fa_bias(mask, mask_shape, div, n, i, j0 + c);
-        if (causal && j0 + c > i) x = ninf;
-        const T p = fa_exp(x - lse), ds = p * (dp[c] - di);
+        sr[c] = fa_exp(sr[c] - lse);
+        dpr[c] = sr[c] * (dpr[c] - di);
+      }
+      for (long long c = 0; c < nc; ++c) {
+        const T p = sr[c], ds = dpr[c];
         T* va = dva + c * DV;
         T* ka = dka + c * D;
         for (long long e = 0; e < DV; ++e) va[e] += p * gi[e];
         for (long long d = 0; d < D; ++d) ka[d] += ds * qi[d];
       }
+     }
     }
     for (long long c = 0; c < nc; ++c) {
       for (long long d = 0; d < D; ++d) dk[(j0 + c) * D + d] = dka[c * D + d] * sc;
