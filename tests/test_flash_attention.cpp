@@ -20,6 +20,7 @@
 #include "jit/nvrtc.h"
 #include "memory/memory.h"
 #include "memory/plan_report.h"
+#include "torch_parity.h"
 
 using namespace kiln;
 namespace F = kiln::nn::functional;
@@ -383,4 +384,53 @@ TEST_CASE("flash attention on a CUDA device matches the composed path", "[flash_
   };
   auto f = run(SDPBackend::Flash), m = run(SDPBackend::Math);
   for (size_t i = 0; i < f.size(); ++i) CHECK(worst(f[i], m[i], 1e-4, 1e-4) <= 1.0);
+}
+
+TEST_CASE("flash attention matches PyTorch's scaled_dot_product_attention",
+          "[flash_attention][torch]") {
+  using nn_test::random_values;
+  std::vector<nn_test::TorchCase> cases;
+  auto f64 = [](int64_t n, uint64_t seed, const Shape& shape) {
+    return nn_test::make(random_values(n, seed), shape, DType::Float64);
+  };
+  auto flash = [](bool causal, std::optional<double> scale) {
+    return [causal, scale](const std::vector<Tensor>& x) {
+      SDPBackendGuard guard(SDPBackend::Flash);
+      Tensor mask = x.size() > 3 ? x[3] : Tensor();
+      return std::vector<Tensor>{
+          F::scaled_dot_product_attention(x[0], x[1], x[2], mask, 0.0, causal, scale)};
+    };
+  };
+  {
+    nn_test::TorchCase tc;
+    tc.label = "flash causal, L 70 S 90";
+    tc.call = "F.scaled_dot_product_attention(x[0], x[1], x[2], is_causal=True)";
+    tc.inputs = {f64(2 * 70 * 8, 1, {2, 70, 8}), f64(2 * 90 * 8, 2, {2, 90, 8}),
+                 f64(2 * 90 * 5, 3, {2, 90, 5})};
+    tc.run = flash(true, {});
+    cases.push_back(std::move(tc));
+  }
+  {
+    nn_test::TorchCase tc;
+    tc.label = "flash bool mask, scale 0.4";
+    tc.call = "F.scaled_dot_product_attention(x[0], x[1], x[2], attn_mask=x[3], scale=0.4)";
+    std::vector<bool> keep;
+    for (int i = 0; i < 33 * 40; ++i) keep.push_back(i % 40 == 0 || (i * 7) % 3 != 0);
+    tc.grad_inputs = 3;
+    tc.inputs = {f64(2 * 3 * 33 * 8, 4, {2, 3, 33, 8}), f64(2 * 3 * 40 * 8, 5, {2, 3, 40, 8}),
+                 f64(2 * 3 * 40 * 8, 6, {2, 3, 40, 8}), from_vector(keep, {33, 40})};
+    tc.run = flash(false, 0.4);
+    cases.push_back(std::move(tc));
+  }
+  {
+    nn_test::TorchCase tc;
+    tc.label = "flash float mask per batch";
+    tc.call = "F.scaled_dot_product_attention(x[0], x[1], x[2], attn_mask=x[3])";
+    tc.grad_inputs = 3;
+    tc.inputs = {f64(2 * 2 * 17 * 4, 7, {2, 2, 17, 4}), f64(2 * 2 * 65 * 4, 8, {2, 2, 65, 4}),
+                 f64(2 * 2 * 65 * 6, 9, {2, 2, 65, 6}), f64(2 * 65, 10, {2, 1, 1, 65})};
+    tc.run = flash(false, {});
+    cases.push_back(std::move(tc));
+  }
+  NN_REQUIRE_TORCH_PARITY(cases);
 }
