@@ -26,10 +26,13 @@ thread_local SDPBackend t_backend = SDPBackend::Auto;
 // (FA_MAX in flash_attention_kernels.cpp).
 constexpr int64_t kCudaMaxHead = 256;
 
-// Measured on the 2-core CI machine (docs/benchmarks.md, "attention" rows): from about
-// 128 x 128 scores per batch-head, a training step through flash costs no more time than
-// the composed path, and it keeps O(L) instead of O(L * S).
-constexpr int64_t kMinScores = 128 * 128;
+// Auto's rule: flash once the probabilities the composed path keeps for backward,
+// L * S per batch-head, are at least twice q, k, v and the output together (about
+// 2 (L + S) E): from there they dominate the step's memory. Measured (docs/benchmarks.md,
+// "Attention"): at E = 64 that is L = S = 512, where the composed step's peak is 2.5x
+// flash's and grows as L^2 beyond; flash's step costs 3-4x the composed one's time there
+// on the CPU (its GEMMs are oneDNN's), so smaller shapes stay on the composed path.
+constexpr int64_t kScoresPerFeatureRow = 4;
 
 // Gradient of the packed forward output: the backward kernel, then dq, dk, dv cut out of
 // its packed result. The log-sum-exp column never reaches a user, so its gradient is 0.
@@ -118,15 +121,14 @@ SDPBackend set_sdp_backend(SDPBackend backend) {
   return previous;
 }
 
-int64_t flash_attention_min_scores() { return kMinScores; }
-
 bool flash_attention_preferred(const Tensor& q, const Tensor& k, const Tensor& v) {
   // The CUDA bodies are compiled but unmeasured: Auto keeps CUDA on the composed path.
   if (q.device().is_cuda()) return false;
   if (memory::budget(q.device()) > 0) return true;
   const bool training =
       grad_mode_enabled() && (q.requires_grad() || k.requires_grad() || v.requires_grad());
-  return training && q.size(-2) * k.size(-2) >= kMinScores;
+  const int64_t l = q.size(-2), s = k.size(-2);
+  return training && l * s >= kScoresPerFeatureRow * (l + s) * q.size(-1);
 }
 
 namespace functional {

@@ -42,11 +42,10 @@ class SDPBackendGuard {
 };
 
 /// Auto's rule for q [..., L, E] against S keys: flash on the CPU when a gradient is
-/// recorded and L * S >= flash_attention_min_scores(), or whenever a memory budget is set
-/// for the device; the composed path otherwise (its GEMMs are faster on small shapes).
+/// recorded and L * S >= 4 (L + S) E (the kept probabilities dominate the step's memory:
+/// L = S = 512 at E = 64), or whenever a memory budget is set for the device; the composed
+/// path otherwise, whose GEMMs make it 3-4x faster (docs/benchmarks.md, "Attention").
 bool flash_attention_preferred(const Tensor& q, const Tensor& k, const Tensor& v);
-/// The L * S from which Auto picks flash for a training step (measured: docs/benchmarks.md).
-int64_t flash_attention_min_scores();
 
 namespace functional {
 
