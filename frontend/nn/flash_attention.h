@@ -20,8 +20,9 @@ namespace kiln::nn {
 enum class SDPBackend {
   Auto,   ///< flash where flash_attention_preferred says so, the composed path elsewhere
   Math,   ///< always the composed path (matmul, mask, softmax, dropout, matmul)
-  Flash,  ///< flash_attention; a call it cannot serve (dropout, weights, a mask that needs
-          ///< a gradient) raises ValueError instead of falling back
+  Flash,  ///< flash_attention; a scaled_dot_product_attention call it cannot serve (dropout,
+          ///< weights, a mask that needs a gradient) raises ValueError instead of falling
+          ///< back; MultiheadAttention falls back (need_weights defaults to true, as torch's)
 };
 
 /// The backend this thread uses now (Auto unless set).
