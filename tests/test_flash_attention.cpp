@@ -324,6 +324,7 @@ TEST_CASE("flash attention raises typed errors for what it cannot do", "[flash_a
   CHECK_THROWS_AS(F::flash_attention(q, k, v, m), ValueError);
   CHECK_THROWS_AS(F::flash_attention(q, randn({2, 6, 5}), v), ShapeError);
   CHECK_THROWS_AS(F::flash_attention(q, k, v, randn({3, 6})), ShapeError);
+  CHECK_THROWS_AS(F::flash_attention(q, k, v, randn({1, 1, 5, 6})), ShapeError);
   CHECK_THROWS_AS(F::flash_attention(q, k, v, randn({5, 6}).to(DType::Float64)), DTypeError);
   CHECK_THROWS_AS(F::flash_attention(zeros({2, 5, 4}, DType::Int32), k, v), DTypeError);
   // Differentiable once: a second backward says so when it is built.

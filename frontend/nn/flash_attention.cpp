@@ -162,6 +162,12 @@ Tensor flash_attention(const Tensor& q_in, const Tensor& k_in, const Tensor& v_i
     scores.push_back(l);
     scores.push_back(s);
     broadcast_shapes(op, attn_mask.shape(), scores);
+    if (attn_mask.ndim() > q_in.ndim()) {
+      throw ShapeError(
+          "[flash_attention] expected attn_mask of rank <= the query's (it must "
+          "broadcast to [..., L, S] = " +
+          shape_str(scores) + "), got " + detail::describe(attn_mask));
+    }
     if (attn_mask.dtype() != DType::Bool)
       detail::require_same_dtype(q_in, attn_mask, op, "attn_mask");
     if (attn_mask.requires_grad() && grad_mode_enabled()) {

@@ -799,6 +799,8 @@ Tensor scaled_dot_product_attention(const Tensor& q_in, const Tensor& k_in, cons
     if (dropout_p > 0.0) why = "dropout_p > 0";
     if (attn_mask.defined() && attn_mask.requires_grad() && grad_mode_enabled())
       why = "attn_mask requires a gradient";
+    if (attn_mask.defined() && attn_mask.ndim() > q.ndim())
+      why = "attn_mask has more dimensions than query (the output takes them)";
     if (backend == SDPBackend::Flash && why) {
       throw ValueError(std::string("[scaled_dot_product_attention] SDPBackend::Flash cannot serve "
                                    "this call: ") +
