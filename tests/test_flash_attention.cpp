@@ -216,8 +216,10 @@ TEST_CASE("MultiheadAttention through flash matches its composed path", "[flash_
   }
 }
 
-TEST_CASE("a training step through flash keeps O(L) for backward, the composed path O(L S)",
-          "[flash_attention][plan]") {
+TEST_CASE(
+    "a training step through flash keeps bytes linear in L for backward and the composed path L "
+    "times S",
+    "[flash_attention][plan]") {
   const int64_t heads = 4, d = 32;
   auto kept = [&](int64_t len, SDPBackend b) {
     SDPBackendGuard guard(b);
