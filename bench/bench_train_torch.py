@@ -156,10 +156,36 @@ def main():
         opt = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.01)
         return lm_step(maybe_compile(model), opt, 128, 16, 256)
 
+    class Attention(nn.Module):
+        # bench_train's attention rows: q, k, v trained directly through causal SDPA.
+        def __init__(self, batch, seq):
+            super().__init__()
+            self.q, self.k, self.v = (nn.Parameter(torch.randn(batch, 8, seq, 64))
+                                      for _ in range(3))
+
+        def forward(self):
+            return F.scaled_dot_product_attention(self.q, self.k, self.v, is_causal=True)
+
+    def attention(batch, seq):
+        def make():
+            model = Attention(batch, seq)
+            opt = torch.optim.SGD(model.parameters(), lr=0.01)
+            run = maybe_compile(model)
+
+            def step():
+                return train(opt, lambda: run().pow(2).mean())
+
+            return step, model, ()
+        return make
+
     workloads = [("train_mlp_784_1024_1024_10_b128", mlp, 3),
                  ("train_lstm_h256_s64_b32", lstm, 2),
                  ("train_transformer_2x256_h4_s128_b16", transformer, 2),
                  ("plan_transformer_6x256_h4_s256_b16", plan_transformer, 2)]
+    # kiln's flash and composed rows both compare with torch's own SDPA.
+    for kind in ("flash", "math"):
+        workloads += [(f"train_attention_{kind}_s512_h8_d64_b2", attention(2, 512), 2),
+                      (f"train_attention_{kind}_s1024_h8_d64_b1", attention(1, 1024), 2)]
     for name, make, warmup in workloads:
         if args.only and args.only not in name:
             continue

@@ -47,6 +47,7 @@ jit::CustomKernelSignature signature_of(const CustomKernelSpec& spec, const std:
   s.output_names = spec.outputs;
   s.header = spec.header;
   s.body = body;
+  if (!device.is_cuda()) s.cpu_tasks = spec.cpu_tasks;
   s.cuda_block = spec.cuda_block;
   for (size_t i = 0; i < inputs.size(); ++i) {
     if (!inputs[i].defined()) throw ValueError(what + " input " + spec.inputs[i] + " is undefined");

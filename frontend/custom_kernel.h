@@ -23,9 +23,10 @@ struct CustomKernelSpec {
   std::vector<std::string> inputs;
   /// Output names as the body uses them (identifiers), in the order returned.
   std::vector<std::string> outputs;
-  /// C++ body run once, on one thread, for a CPU call. No #include is needed or wise (each
-  /// costs compile time); the body sees, per input/output `x`: a typed pointer `x` (const for
-  /// inputs), `x_shape[d]`, `x_ndim` and `x_numel` (long long). Data is contiguous, row-major.
+  /// C++ body run once, on one thread, for a CPU call (or per range of tasks: cpu_tasks). No
+  /// #include is needed or wise (each costs compile time); the body sees, per input/output `x`: a
+  /// typed pointer `x` (const for inputs), `x_shape[d]`, `x_ndim` and `x_numel` (long long). Data
+  /// is contiguous, row-major.
   std::string cpu_source;
   /// CUDA body for a call on a CUDA device, run by one thread per element of the first output
   /// (blocks of cuda_block threads; the last block has spare threads the body must skip):
@@ -33,6 +34,12 @@ struct CustomKernelSpec {
   std::string cuda_source;
   /// Code placed before the entry point, for both sources (helper functions, constants).
   std::string header;
+  /// When set, a C++ expression over the shape bindings (e.g. "q_shape[0] * 4") giving a
+  /// number of tasks: the CPU body then runs in parallel on kiln's thread pool, each call
+  /// over tasks [kiln_task_begin, kiln_task_end) (long long). Each task must write its own
+  /// elements, computed the same way whichever call runs it, so the bits do not depend on
+  /// the split. Empty: the body runs once, on one thread.
+  std::string cpu_tasks;
   /// Threads per CUDA block.
   int cuda_block = 256;
 };

@@ -13,6 +13,7 @@
 #include "../core/cuda_driver.h"
 #include "../core/error.h"
 #include "../core/structural_hash.h"
+#include "../core/thread_pool.h"
 #include "compiler.h"
 #include "hash.h"
 #include "kernel_cache.h"
@@ -158,8 +159,19 @@ void CustomOutput::run(const Node& n, const std::vector<const void*>& inputs, vo
   }
   std::vector<long long> sizes = sizes_of(n, c);
   auto started = std::chrono::steady_clock::now();
-  auto fn = reinterpret_cast<void (*)(char**, const long long*)>(c.cpu.entry());
-  fn(bufs.data(), sizes.data());
+  if (c.sig.cpu_tasks.empty()) {
+    auto fn = reinterpret_cast<void (*)(char**, const long long*)>(c.cpu.entry());
+    fn(bufs.data(), sizes.data());
+  } else {
+    // The body owns the split's correctness (each task writes its own elements), so the
+    // value is the same whatever chunks the pool makes of the range.
+    using Entry = long long (*)(char**, const long long*, long long, long long);
+    auto fn = reinterpret_cast<Entry>(c.cpu.entry());
+    const long long tasks = fn(bufs.data(), sizes.data(), -1, -1);
+    thread_pool().parallel_for(tasks, 1, [&](int64_t b, int64_t e) {
+      fn(bufs.data(), sizes.data(), static_cast<long long>(b), static_cast<long long>(e));
+    });
+  }
   count_use(c.cpu.record, c.cpu.record_mutex, 0, 1,
             std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - started)
                 .count());
@@ -223,10 +235,21 @@ std::string custom_entry(const CustomKernelSignature& s) { return "kiln_custom_"
 std::string print_custom_cpp(const CustomKernelSignature& s) {
   std::string out = header_comment(s);
   if (!s.header.empty()) out += user_code(s.header, s.name + ".header");
-  out += "extern \"C\" void " + custom_entry(s) +
-         "(char** kiln_buffers, const long long* kiln_sizes) {\n";
+  if (s.cpu_tasks.empty()) {
+    out += "extern \"C\" void " + custom_entry(s) +
+           "(char** kiln_buffers, const long long* kiln_sizes) {\n";
+    out += bindings(s, "__restrict", &buffer_cpp);
+    out += "  (void)kiln_sizes;\n  {\n" + user_code(s.body, s.name + ".cpp") + "  }\n}\n";
+    return out;
+  }
+  // One symbol for both questions the runner asks: how many tasks, and run these tasks.
+  out += "extern \"C\" long long " + custom_entry(s) +
+         "(char** kiln_buffers, const long long* kiln_sizes, long long kiln_task_begin, long "
+         "long kiln_task_end) {\n";
   out += bindings(s, "__restrict", &buffer_cpp);
-  out += "  (void)kiln_sizes;\n  {\n" + user_code(s.body, s.name + ".cpp") + "  }\n}\n";
+  out += "  (void)kiln_sizes;\n  if (kiln_task_begin < 0) return (long long)(\n" +
+         user_code(s.cpu_tasks, s.name + ".tasks") + "  );\n  {\n" +
+         user_code(s.body, s.name + ".cpp") + "  }\n  return 0;\n}\n";
   return out;
 }
 

@@ -20,12 +20,18 @@ struct CustomKernelSignature {
   std::vector<int> input_ranks, output_ranks;
   std::string header;  ///< placed before the entry point (helper functions)
   std::string body;    ///< the entry point's body (C++ or CUDA)
+  /// CPU only: a C++ expression over the shape bindings giving the number of tasks the
+  /// body is split into across the thread pool (empty: the body runs once, serially).
+  std::string cpu_tasks;
   int cuda_block = 256;
 };
 
 /// The C++ source of `s` (no #include): extern "C" void kiln_custom_<name>(char**, const
 /// long long*), which binds each input and output to a typed pointer plus <name>_shape,
-/// <name>_ndim and <name>_numel, then runs the body once on one thread.
+/// <name>_ndim and <name>_numel, then runs the body once on one thread. With cpu_tasks the
+/// entry is long long kiln_custom_<name>(char**, const long long*, long long kiln_task_begin,
+/// long long kiln_task_end): a negative begin returns the task count, else the body runs
+/// over tasks [begin, end).
 std::string print_custom_cpp(const CustomKernelSignature& s);
 /// The CUDA source of `s`: extern "C" __global__ void kiln_custom_<name>(KilnCustomArgs),
 /// with the same bindings; launched with one thread per element of the first output.

@@ -1374,6 +1374,26 @@ inline const std::vector<GradCase>& grad_cases() {
                    return F::scaled_dot_product_attention(x[0], x[1], x[2], x[3], 0.0, true, 0.7);
                  }});
 
+    // The flash kernels (flash_attention.h), float64 end to end: every tile path (causal
+    // blocks skipped, a bool mask shared by the batch) against differences.
+    c.push_back({"flash_attention/bool mask",
+                 "flash_attention",
+                 {in({2, 3, 4}), in({2, 5, 4}), in({2, 5, 2})},
+                 [](const V& x) {
+                   std::vector<uint8_t> m = {1, 1, 0, 1, 0, 0, 1, 1, 1, 1, 1, 0, 0, 0, 1};
+                   Tensor mask = cast(from_vector(m, {3, 5}), DType::Bool);
+                   return F::flash_attention(x[0], x[1], x[2], mask);
+                 }});
+    c.push_back({"flash_attention/causal float mask",
+                 "flash_attention",
+                 {in({1, 2, 3, 2}), in({1, 2, 4, 2}), in({1, 2, 4, 3})},
+                 [](const V& x) {
+                   Tensor mask = from_vector<double>({0.1, -0.2, 0.3, 0.0, 0.5, -1.0, 0.25, 2.0,
+                                                      -0.5, 0.75, 0.0, 1.0},
+                                                     {3, 4});
+                   return F::flash_attention(x[0], x[1], x[2], mask, true, 0.7);
+                 }});
+
     // --- losses ---
     // A masked (-inf) logit of another class has probability 0 and gradient 0.
     c.push_back({"cross_entropy/indices", "cross_entropy", {in({3, 4})},

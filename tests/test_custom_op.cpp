@@ -444,9 +444,11 @@ TEST_CASE("two calls of a custom kernel on the same inputs run it once, and dump
 
 TEST_CASE("a custom kernel's gradient returning the wrong gradients names the kernel",
           "[custom][custom_kernel][errors]") {
-  CustomKernel k(square_spec("square_bad_grad"),
-                 [](const std::vector<Tensor>& in, const std::vector<Tensor>&,
-                    const std::vector<Tensor>&) { return std::vector<Tensor>{in[0], in[0]}; });
+  CustomKernel k(
+      square_spec("square_bad_grad"),
+      [](const std::vector<Tensor>& in, const std::vector<Tensor>&, const std::vector<Tensor>&) {
+        return std::vector<Tensor>{in[0], in[0]};
+      });
   Tensor x = from_vector(std::vector<float>{1, 2}, {2}).requires_grad_();
   try {
     (void)grad(sum(k({x}, {{{2}, DType::Float32}})[0]), {x});
@@ -512,6 +514,46 @@ TEST_CASE("a custom kernel's declaration and call are checked when made",
   CustomKernelSpec cuda_only = square_spec("cuda_only");
   cuda_only.cpu_source.clear();
   CHECK_THROWS_AS(CustomKernel(cuda_only)({x}, {{{3}, DType::Float32}}), DeviceError);
+}
+
+TEST_CASE("a custom kernel with cpu_tasks runs its body over task ranges on the pool",
+          "[custom][custom_kernel]") {
+  struct Restore {
+    int threads = get_num_threads();
+    ~Restore() { set_num_threads(threads); }
+  } restore;
+  // Row sums, one task per row: each task writes its own row whatever range it is given.
+  CustomKernelSpec spec;
+  spec.name = "row_sums_tasks";
+  spec.inputs = {"x"};
+  spec.outputs = {"y"};
+  spec.cpu_tasks = "x_shape[0]";
+  spec.cpu_source = R"(
+    for (long long r = kiln_task_begin; r < kiln_task_end; ++r) {
+      float acc = 0;
+      for (long long c = 0; c < x_shape[1]; ++c) acc += x[r * x_shape[1] + c];
+      y[r] = acc;
+    }
+  )";
+  CustomKernel k(spec);
+  const int64_t rows = 37, cols = 101;
+  std::vector<float> v = random_floats(static_cast<size_t>(rows * cols), 9);
+  Tensor x = from_vector(v, {rows, cols});
+  std::vector<float> want(static_cast<size_t>(rows), 0.0f);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c)
+      want[static_cast<size_t>(r)] += v[static_cast<size_t>(r * cols + c)];
+  const std::string source = k.source_for({x}, {{{rows}, DType::Float32}}, Device::cpu());
+  CHECK(source.find("kiln_task_begin") != std::string::npos);
+  for (int threads : {1, 3}) {
+    set_num_threads(threads);
+    CHECK(k({x}, {{{rows}, DType::Float32}})[0].to_vector<float>() == want);
+  }
+  // A task count that does not compile is the kernel's CompileError, at the call.
+  CustomKernelSpec bad = spec;
+  bad.name = "bad_tasks";
+  bad.cpu_tasks = "no_such_size";
+  CHECK_THROWS_AS(CustomKernel(bad)({x}, {{{rows}, DType::Float32}}), CompileError);
 }
 
 TEST_CASE("a budgeted step that reruns a custom kernel gives the unbudgeted bits",

@@ -13,6 +13,7 @@
 #include "../../ops/shape_ops.h"
 #include "../../ops/sources.h"
 #include "detail.h"
+#include "flash_attention.h"
 
 namespace kiln::nn {
 
@@ -782,18 +783,37 @@ Tensor scaled_dot_product_attention(const Tensor& q_in, const Tensor& k_in, cons
         describe(q) + ", " + describe(k) + " and " + describe(v));
   }
   const int64_t l = q.size(-2), s = k.size(-2);
+  if (attn_mask.defined()) {
+    Shape want(q.shape().begin(), q.shape().end() - 2);
+    want.push_back(l);
+    want.push_back(s);
+    broadcast_shapes(op, attn_mask.shape(), want);
+    if (attn_mask.dtype() != DType::Bool) require_same_dtype(q, attn_mask, op, "attn_mask");
+  }
+  // The flash kernels serve every call but those that need the probabilities themselves
+  // (weights, dropout) or a gradient for the mask.
+  const SDPBackend backend = sdp_backend();
+  if (backend != SDPBackend::Math) {
+    const char* why = nullptr;
+    if (weights) why = "the attention weights were asked for";
+    if (dropout_p > 0.0) why = "dropout_p > 0";
+    if (attn_mask.defined() && attn_mask.requires_grad() && grad_mode_enabled())
+      why = "attn_mask requires a gradient";
+    if (attn_mask.defined() && attn_mask.ndim() > q.ndim())
+      why = "attn_mask has more dimensions than query (the output takes them)";
+    if (backend == SDPBackend::Flash && why) {
+      throw ValueError(std::string("[scaled_dot_product_attention] SDPBackend::Flash cannot serve "
+                                   "this call: ") +
+                       why + "; use SDPBackend::Auto or Math");
+    }
+    if (!why && (backend == SDPBackend::Flash || flash_attention_preferred(q, k, v)))
+      return flash_attention(q, k, v, attn_mask, is_causal, scale);
+  }
   double sc = scale.value_or(1.0 / std::sqrt(static_cast<double>(q.size(-1))));
   Tensor scores = matmul(q * sc, transpose(k, -2, -1));
-  if (attn_mask.defined()) {
-    Shape want = scores.shape();
-    broadcast_shapes(op, attn_mask.shape(), want);
-    if (attn_mask.dtype() == DType::Bool) {
-      scores = where(attn_mask, scores, -INFINITY);
-    } else {
-      require_same_dtype(q, attn_mask, op, "attn_mask");
-      scores = scores + attn_mask;
-    }
-  }
+  if (attn_mask.defined())
+    scores =
+        attn_mask.dtype() == DType::Bool ? where(attn_mask, scores, -INFINITY) : scores + attn_mask;
   if (is_causal) scores = where(index({l, s}, 1) <= index({l, s}, 0), scores, -INFINITY);
   Tensor p = dropout(softmax(scores, -1), dropout_p, dropout_p > 0.0);
   if (weights) *weights = p;

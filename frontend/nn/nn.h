@@ -2,6 +2,7 @@
 // kiln::nn: modules, layers, functional ops, initialisation and losses.
 #include "container.h"
 #include "conv.h"
+#include "flash_attention.h"
 #include "functional.h"
 #include "init.h"
 #include "linear.h"

@@ -12,6 +12,7 @@
 #include "../../ops/sources.h"
 #include "container.h"
 #include "detail.h"
+#include "flash_attention.h"
 #include "functional.h"
 #include "init.h"
 
@@ -145,15 +146,38 @@ AttentionOutput MultiheadAttention::forward(const Tensor& query, const Tensor& k
   Tensor q = stored(heads(q2, l, q_off) * (1.0 / std::sqrt(static_cast<double>(d))));
   Tensor k = stored(heads(k2, s, k_off));
   Tensor v = stored(heads(v2, s, v_off));
-  Tensor scores = matmul(q, transpose(k, 2, 3));  // [N, h, L, S]
+  Tensor scores;  // [N, h, L, S]; the flash kernels never build it
+  Tensor o;       // [N, h, L, d]
+  // The flash kernels serve what needs no probabilities (no weights, no dropout) and no
+  // gradient for a mask: masks become one additive [.., L, S] tensor (bool: true = -inf).
+  const bool dropping = is_training() && dropout > 0.0;
+  const bool mask_grads =
+      grad_mode_enabled() && ((attn_mask.defined() && attn_mask.requires_grad()) ||
+                              (key_padding_mask.defined() && key_padding_mask.requires_grad()));
+  const SDPBackend backend = sdp_backend();
+  const bool flash = !need_weights && !dropping && !mask_grads &&
+                     (backend == SDPBackend::Flash ||
+                      (backend == SDPBackend::Auto && flash_attention_preferred(q, k, v)));
+  if (!flash) scores = matmul(q, transpose(k, 2, 3));
+  Tensor additive;
+  auto add_mask = [&](const Tensor& spread) {
+    additive = additive.defined() ? additive + spread : spread;
+  };
 
   auto apply_mask = [&](const Tensor& mask, const Tensor& spread, const char* what) {
-    if (mask.dtype() == DType::Bool)
-      return where(spread, -std::numeric_limits<double>::infinity(), scores);
-    if (mask.dtype() != dtype) {
+    if (mask.dtype() != DType::Bool && mask.dtype() != dtype) {
       throw DTypeError("[MultiheadAttention] expected " + std::string(what) + " of dtype bool or " +
                        std::string(dtype_name(dtype)) + ", got " + describe(mask));
     }
+    if (flash) {
+      add_mask(mask.dtype() == DType::Bool
+                   ? where(spread, full({}, -std::numeric_limits<double>::infinity(), dtype),
+                           full({}, 0.0, dtype))
+                   : spread);
+      return scores;
+    }
+    if (mask.dtype() == DType::Bool)
+      return where(spread, -std::numeric_limits<double>::infinity(), scores);
     return scores + spread;
   };
   if (attn_mask.defined()) {
@@ -177,11 +201,18 @@ AttentionOutput MultiheadAttention::forward(const Tensor& query, const Tensor& k
     scores =
         apply_mask(key_padding_mask, reshape(key_padding_mask, {n, 1, 1, s}), "key_padding_mask");
   }
-  if (is_causal)
-    scores = where(index({l, s}, 1) > index({l, s}, 0), -std::numeric_limits<double>::infinity(),
-                   scores);
-  Tensor p = F::dropout(softmax(scores, -1), dropout, is_training() && dropout > 0.0);
-  Tensor o = matmul(p, v);  // [N, h, L, d]
+  Tensor p;
+  if (flash) {
+    // q is scaled already.
+    o = F::flash_attention(q, k, v, additive.defined() ? additive.to(q.dtype()) : additive,
+                           is_causal, 1.0);
+  } else {
+    if (is_causal)
+      scores = where(index({l, s}, 1) > index({l, s}, 0), -std::numeric_limits<double>::infinity(),
+                     scores);
+    p = F::dropout(softmax(scores, -1), dropout, dropping);
+    o = matmul(p, v);
+  }
   // Back to token rows [L*N, E] (input order), stored for the output projection's GEMM.
   Tensor merged = reindex(
       o, {l * n, e},

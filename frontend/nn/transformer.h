@@ -37,7 +37,9 @@ class MultiheadAttention : public Module {
   /// query [L, N, E], key [S, N, kdim] and value [S, N, vdim] ([N, L, E] / [N, S, *] with
   /// batch_first, or unbatched [L, E] / [S, *]). key_padding_mask [N, S]: bool (true = ignore that
   /// key) or float (added). attn_mask [L, S] or [N*num_heads, L, S]: bool (true = not allowed) or
-  /// float (added). is_causal masks keys after the query position.
+  /// float (added). is_causal masks keys after the query position. Without need_weights and
+  /// dropout, the attention runs by flash_attention where sdp_backend() says so (Auto: large
+  /// training steps or a memory budget; nn/flash_attention.h).
   AttentionOutput forward(const Tensor& query, const Tensor& key, const Tensor& value,
                           const Tensor& key_padding_mask = Tensor(), bool need_weights = true,
                           const Tensor& attn_mask = Tensor(), bool average_attn_weights = true,

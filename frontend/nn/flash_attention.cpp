@@ -1,0 +1,202 @@
+// flash_attention (flash_attention.h): the op around the two custom kernels. It validates
+// as scaled_dot_product_attention does, flattens the leading dims into one batch-head
+// axis N, reduces the mask to the [MN, ML, MS] form the kernels index (never broadcast
+// to [N, L, S] where a row of batch-heads shares it), and records the backward kernel as
+// the forward kernel's gradient.
+#include "flash_attention.h"
+
+#include <cmath>
+
+#include "../../memory/budget.h"
+#include "../../ops/elementwise.h"
+#include "../../ops/reduce_ops.h"
+#include "../../ops/reindex.h"
+#include "../../ops/shape_ops.h"
+#include "../../ops/sources.h"
+#include "../custom_kernel.h"
+#include "detail.h"
+#include "flash_attention_kernels.h"
+
+namespace kiln::nn {
+namespace {
+
+thread_local SDPBackend t_backend = SDPBackend::Auto;
+
+// The CUDA bodies keep a row's accumulators in local arrays of this many elements
+// (FA_MAX in flash_attention_kernels.cpp).
+constexpr int64_t kCudaMaxHead = 256;
+
+// Auto's rule: flash once the probabilities the composed path keeps for backward,
+// L * S per batch-head, are at least twice q, k, v and the output together (about
+// 2 (L + S) E): from there they dominate the step's memory. Measured (docs/benchmarks.md,
+// "Attention"): at E = 64 that is L = S = 512, where the composed step's peak is 2.5x
+// flash's and grows as L^2 beyond; flash's step costs 3-4x the composed one's time there
+// on the CPU (its GEMMs are oneDNN's), so smaller shapes stay on the composed path.
+constexpr int64_t kScoresPerFeatureRow = 4;
+
+// Gradient of the packed forward output: the backward kernel, then dq, dk, dv cut out of
+// its packed result. The log-sum-exp column never reaches a user, so its gradient is 0.
+std::vector<Tensor> flash_grad(const std::vector<Tensor>& in, const std::vector<Tensor>& outs,
+                               const std::vector<Tensor>& grad_outs);
+
+const CustomKernel& forward_kernel() {
+  static const CustomKernel k(detail::flash_forward_spec(), flash_grad);
+  return k;
+}
+
+const CustomKernel& backward_kernel() {
+  // A second backward would differentiate through this kernel: say so when it is built.
+  static const CustomKernel k(
+      detail::flash_backward_spec(),
+      [](const std::vector<Tensor>&, const std::vector<Tensor>&,
+         const std::vector<Tensor>&) -> std::vector<Tensor> {
+        throw ValueError(
+            "[flash_attention] is differentiable once: its backward kernel has no gradient "
+            "(for a double backward use SDPBackend::Math, e.g. SDPBackendGuard)");
+      });
+  return k;
+}
+
+std::vector<Tensor> flash_grad(const std::vector<Tensor>& in, const std::vector<Tensor>& outs,
+                               const std::vector<Tensor>& grad_outs) {
+  const Tensor &q = in[0], &k = in[1], &v = in[2];
+  const int64_t n = q.size(0), l = q.size(1), d = q.size(2), s = k.size(1), dv = v.size(2);
+  const Tensor& out = outs[0];
+  Tensor o = slice(out, 2, 0, dv);
+  Tensor dout = slice(grad_outs[0], 2, 0, dv);
+  Tensor delta = sum(dout * o, {2});
+  const int64_t g = l * d + s * d + s * dv;
+  Tensor grads =
+      backward_kernel()({q, k, v, in[3], in[4], in[5], out, dout, delta}, {{{n, g}, q.dtype()}})[0];
+  Tensor dq = reshape(slice(grads, 1, 0, l * d), {n, l, d});
+  Tensor dk = reshape(slice(grads, 1, l * d, l * d + s * d), {n, s, d});
+  Tensor dvv = reshape(slice(grads, 1, l * d + s * d, g), {n, s, dv});
+  return {dq, dk, dvv, Tensor(), Tensor(), Tensor()};
+}
+
+// The mask as the kernels read it: [MN, ML, MS] in `dtype` plus the divisor `div`, so that
+// batch-head n (of the leading dims `lead`, flattened) reads row (n / div) % MN. A mask
+// whose leading dims are 1 except for one contiguous run that matches `lead` needs no
+// copy; any other broadcast is expanded over the leading dims only.
+Tensor kernel_mask(const Tensor& mask, const Shape& lead, DType dtype, int64_t* div) {
+  Tensor m = mask.dtype() == DType::Bool ? where(mask, full({}, 0.0, dtype, mask.device()),
+                                                 full({}, -INFINITY, dtype, mask.device()))
+                                         : cast(mask, dtype);
+  const int r = static_cast<int>(lead.size()) + 2;
+  Shape ms = m.shape();
+  while (static_cast<int>(ms.size()) < r) ms.insert(ms.begin(), 1);
+  m = reshape(m, ms);
+  const int64_t ml = ms[r - 2], mss = ms[r - 1];
+  int first = -1, last = -1;
+  for (int i = 0; i < r - 2; ++i)
+    if (ms[i] != 1) {
+      if (first < 0) first = i;
+      last = i;
+    }
+  bool run = true;
+  for (int i = first; first >= 0 && i <= last; ++i) run = run && ms[i] == lead[i];
+  if (!run) {
+    Shape full_shape = lead;
+    full_shape.push_back(ml);
+    full_shape.push_back(mss);
+    m = broadcast_to(m, full_shape);
+    first = 0, last = r - 3;
+  }
+  int64_t rows = 1;
+  *div = 1;
+  for (int i = 0; i < r - 2; ++i) {
+    if (first >= 0 && i >= first && i <= last) rows *= lead[i];
+    if (first >= 0 && i > last) *div *= lead[i];
+  }
+  return reshape(m, {rows, ml, mss});
+}
+
+}  // namespace
+
+SDPBackend sdp_backend() { return t_backend; }
+
+SDPBackend set_sdp_backend(SDPBackend backend) {
+  SDPBackend previous = t_backend;
+  t_backend = backend;
+  return previous;
+}
+
+bool flash_attention_preferred(const Tensor& q, const Tensor& k, const Tensor& v) {
+  // The CUDA bodies are compiled but unmeasured: Auto keeps CUDA on the composed path.
+  if (q.device().is_cuda()) return false;
+  if (memory::budget(q.device()) > 0) return true;
+  const bool training =
+      grad_mode_enabled() && (q.requires_grad() || k.requires_grad() || v.requires_grad());
+  const int64_t l = q.size(-2), s = k.size(-2);
+  return training && l * s >= kScoresPerFeatureRow * (l + s) * q.size(-1);
+}
+
+namespace functional {
+
+Tensor flash_attention(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in,
+                       const Tensor& attn_mask, bool is_causal, std::optional<double> scale) {
+  const char* op = "flash_attention";
+  detail::require_floating(q_in, op, "query");
+  detail::require_same_dtype(q_in, k_in, op, "key");
+  detail::require_same_dtype(q_in, v_in, op, "value");
+  bool ok = q_in.ndim() >= 2 && k_in.ndim() == q_in.ndim() && v_in.ndim() == q_in.ndim();
+  for (int d = 0; ok && d < q_in.ndim() - 2; ++d)
+    ok = q_in.shape()[d] == k_in.shape()[d] && q_in.shape()[d] == v_in.shape()[d];
+  ok = ok && q_in.size(-1) == k_in.size(-1) && k_in.size(-2) == v_in.size(-2);
+  if (!ok) {
+    throw ShapeError(
+        "[flash_attention] expected query [..., L, E], key [..., S, E] and value [..., S, Ev] "
+        "with equal leading dimensions, got " +
+        detail::describe(q_in) + ", " + detail::describe(k_in) + " and " + detail::describe(v_in));
+  }
+  const Shape lead(q_in.shape().begin(), q_in.shape().end() - 2);
+  const int64_t l = q_in.size(-2), s = k_in.size(-2), e = q_in.size(-1), ev = v_in.size(-1);
+  if (q_in.device().is_cuda() && (e > kCudaMaxHead || ev > kCudaMaxHead)) {
+    throw ShapeError("[flash_attention] on CUDA head sizes up to " + std::to_string(kCudaMaxHead) +
+                     " are supported, got query " + detail::describe(q_in) + " and value " +
+                     detail::describe(v_in));
+  }
+  const bool has_mask = attn_mask.defined();
+  if (has_mask) {
+    Shape scores = lead;
+    scores.push_back(l);
+    scores.push_back(s);
+    broadcast_shapes(op, attn_mask.shape(), scores);
+    if (attn_mask.ndim() > q_in.ndim()) {
+      throw ShapeError(
+          "[flash_attention] expected attn_mask of rank <= the query's (it must "
+          "broadcast to [..., L, S] = " +
+          shape_str(scores) + "), got " + detail::describe(attn_mask));
+    }
+    if (attn_mask.dtype() != DType::Bool)
+      detail::require_same_dtype(q_in, attn_mask, op, "attn_mask");
+    if (attn_mask.requires_grad() && grad_mode_enabled()) {
+      throw ValueError("[flash_attention] gives no gradient to attn_mask, which requires one (" +
+                       detail::describe(attn_mask) + "); detach it or use SDPBackend::Math");
+    }
+  }
+  // Half types run in float32 and return their own dtype, as autocast's softmax.
+  const DType dtype = q_in.dtype() == DType::Float64 ? DType::Float64 : DType::Float32;
+  int64_t n = 1;
+  for (int64_t x : lead) n *= x;
+  auto flat = [&](const Tensor& t, int64_t rows) {
+    return reshape(t.dtype() == dtype ? t : cast(t, dtype), {n, rows, t.size(-1)});
+  };
+  Tensor q = flat(q_in, l), k = flat(k_in, s), v = flat(v_in, s);
+  int64_t div = 1;
+  Tensor mask = has_mask ? kernel_mask(attn_mask.detach(), lead, dtype, &div)
+                         : zeros({1, 1, 1}, dtype, q_in.device());
+  Tensor opts =
+      from_vector<int64_t>({is_causal ? 1 : 0, div, has_mask ? 1 : 0}, {3}, q_in.device());
+  const double sc = scale.value_or(1.0 / std::sqrt(static_cast<double>(e)));
+  Tensor sct = full({1}, sc, dtype, q_in.device());
+  Tensor out = forward_kernel()({q, k, v, mask, opts, sct}, {{{n, l, ev + 1}, dtype}})[0];
+  Shape shape = lead;
+  shape.push_back(l);
+  shape.push_back(ev);
+  Tensor o = reshape(slice(out, 2, 0, ev), shape);
+  return o.dtype() == q_in.dtype() ? o : cast(o, q_in.dtype());
+}
+
+}  // namespace functional
+}  // namespace kiln::nn
