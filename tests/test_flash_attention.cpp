@@ -19,7 +19,7 @@
 #include "jit/kernel_cache.h"
 #include "jit/nvrtc.h"
 #include "memory/memory.h"
-#include "memory/plan_report.h"
+#include "memory/reports/plan_report.h"
 #include "torch_parity.h"
 
 using namespace kiln;
@@ -154,22 +154,24 @@ TEST_CASE("flash attention serves bfloat16 and float16 through float32", "[flash
   }
 }
 
-TEST_CASE("flash attention is chosen automatically for large training steps only",
+TEST_CASE("flash attention is chosen automatically under a budget or for huge steps",
           "[flash_attention]") {
-  const int64_t big = 160;  // 160 * 160 >= 4 (160 + 160) 8: the probabilities dominate
+  // Without a budget: flash once the composed path would keep 256 MiB of probabilities
+  // (the tensors are never evaluated: the rule reads shapes only).
+  Tensor huge_q = randn({8, 8, 2048, 64}).requires_grad_(), huge_kv = randn({8, 8, 1024, 64});
+  CHECK(nn::flash_attention_preferred(huge_q, huge_kv, huge_kv));  // 64 x 2048 x 1024 x 4 B
+  Tensor quarter_kv = randn({8, 8, 256, 64});
+  CHECK_FALSE(nn::flash_attention_preferred(huge_q, quarter_kv, quarter_kv));  // 128 MiB
+  {
+    NoGradGuard no_grad;  // inference keeps nothing for backward
+    CHECK_FALSE(nn::flash_attention_preferred(huge_q, huge_kv, huge_kv));
+  }
+  const int64_t big = 160;
   Tensor q = randn({1, 2, big, 8}).requires_grad_(), k = randn({1, 2, big, 8}),
          v = randn({1, 2, big, 8});
-  CHECK(uses_flash(F::scaled_dot_product_attention(q, k, v)));
-  {
-    NoGradGuard no_grad;  // inference: the composed path's GEMMs are faster
-    CHECK_FALSE(uses_flash(F::scaled_dot_product_attention(q, k, v)));
-  }
+  CHECK_FALSE(uses_flash(F::scaled_dot_product_attention(q, k, v)));  // faster composed
   Tensor small = randn({1, 2, 8, 8}).requires_grad_();
   CHECK_FALSE(uses_flash(F::scaled_dot_product_attention(small, small, small)));
-  // Calls flash cannot serve fall back under Auto.
-  Tensor weights;
-  CHECK_FALSE(uses_flash(F::scaled_dot_product_attention(q, k, v, {}, 0.0, false, {}, &weights)));
-  CHECK_FALSE(uses_flash(F::scaled_dot_product_attention(q, k, v, {}, 0.1)));
   {
     SDPBackendGuard math(SDPBackend::Math);
     CHECK_FALSE(uses_flash(F::scaled_dot_product_attention(q, k, v)));
@@ -182,14 +184,26 @@ TEST_CASE("flash attention is chosen automatically for large training steps only
       ~BudgetGuard() { memory::clear_budget(); }
     } guard;
     memory::set_budget(size_t{1} << 30);  // a budget makes flash worth it at any size
+    CHECK(uses_flash(F::scaled_dot_product_attention(q, k, v)));
+    // Calls flash cannot serve fall back under Auto.
+    Tensor weights;
+    CHECK_FALSE(uses_flash(F::scaled_dot_product_attention(q, k, v, {}, 0.0, false, {}, &weights)));
+    CHECK_FALSE(uses_flash(F::scaled_dot_product_attention(q, k, v, {}, 0.1)));
     NoGradGuard no_grad;
     CHECK(uses_flash(F::scaled_dot_product_attention(small, small, small)));
   }
   // MultiheadAttention without weights takes the same decision.
   nn::MultiheadAttention mha(16, 2, 0.0, true, true);
   Tensor x = randn({2, big, 16});
-  CHECK(uses_flash(mha.forward(x, x, x, {}, false).output));
-  CHECK_FALSE(uses_flash(mha.forward(x, x, x, {}, true).output));
+  CHECK_FALSE(uses_flash(mha.forward(x, x, x, {}, false).output));
+  {
+    struct BudgetGuard {
+      ~BudgetGuard() { memory::clear_budget(); }
+    } guard;
+    memory::set_budget(size_t{1} << 30);
+    CHECK(uses_flash(mha.forward(x, x, x, {}, false).output));
+    CHECK_FALSE(uses_flash(mha.forward(x, x, x, {}, true).output));
+  }
 }
 
 TEST_CASE("MultiheadAttention through flash matches its composed path", "[flash_attention]") {

@@ -7,7 +7,7 @@
 
 #include <cmath>
 
-#include "../../memory/budget.h"
+#include "../../memory/pools/budget.h"
 #include "../../ops/elementwise.h"
 #include "../../ops/reduce_ops.h"
 #include "../../ops/reindex.h"
@@ -26,13 +26,13 @@ thread_local SDPBackend t_backend = SDPBackend::Auto;
 // (FA_MAX in flash_attention_kernels.cpp).
 constexpr int64_t kCudaMaxHead = 256;
 
-// Auto's rule: flash once the probabilities the composed path keeps for backward,
-// L * S per batch-head, are at least twice q, k, v and the output together (about
-// 2 (L + S) E): from there they dominate the step's memory. Measured (docs/benchmarks.md,
-// "Attention"): at E = 64 that is L = S = 512, where the composed step's peak is 2.5x
-// flash's and grows as L^2 beyond; flash's step costs 3-4x the composed one's time there
-// on the CPU (its GEMMs are oneDNN's), so smaller shapes stay on the composed path.
-constexpr int64_t kScoresPerFeatureRow = 4;
+// Auto's rule without a budget: flash once the probabilities one call would keep for
+// backward (batch x heads x L x S elements) reach 256 MiB. On the CPU flash's step costs
+// 3-4x the composed one's (its products are the JIT's loops, the composed path's are
+// oneDNN's GEMMs; docs/benchmarks.md, "Attention"), so it is taken by itself only where
+// the composed path's memory, growing as L * S, is the larger danger; under a budget it is
+// taken always (the planner would otherwise rebuild O(L * S) values).
+constexpr int64_t kFlashWithoutBudgetBytes = int64_t{256} << 20;
 
 // Gradient of the packed forward output: the backward kernel, then dq, dk, dv cut out of
 // its packed result. The log-sum-exp column never reaches a user, so its gradient is 0.
@@ -127,8 +127,9 @@ bool flash_attention_preferred(const Tensor& q, const Tensor& k, const Tensor& v
   if (memory::budget(q.device()) > 0) return true;
   const bool training =
       grad_mode_enabled() && (q.requires_grad() || k.requires_grad() || v.requires_grad());
-  const int64_t l = q.size(-2), s = k.size(-2);
-  return training && l * s >= kScoresPerFeatureRow * (l + s) * q.size(-1);
+  const int64_t rows = q.numel() / q.size(-1);  // batch x heads x L
+  const int64_t kept = rows * k.size(-2) * static_cast<int64_t>(itemsize(q.dtype()));
+  return training && kept >= kFlashWithoutBudgetBytes;
 }
 
 namespace functional {

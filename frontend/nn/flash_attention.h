@@ -42,10 +42,10 @@ class SDPBackendGuard {
   SDPBackend previous_;
 };
 
-/// Auto's rule for q [..., L, E] against S keys: flash on the CPU when a gradient is
-/// recorded and L * S >= 4 (L + S) E (the kept probabilities dominate the step's memory:
-/// L = S = 512 at E = 64), or whenever a memory budget is set for the device; the composed
-/// path otherwise, whose GEMMs make it 3-4x faster (docs/benchmarks.md, "Attention").
+/// Auto's rule for q [..., L, E] against S keys: flash whenever a memory budget is set for
+/// the device, and without one on the CPU when a gradient is recorded and the probabilities
+/// the composed path would keep reach 256 MiB; the composed path otherwise, whose GEMMs make
+/// it 3-4x faster (docs/benchmarks.md, "Attention").
 bool flash_attention_preferred(const Tensor& q, const Tensor& k, const Tensor& v);
 
 namespace functional {

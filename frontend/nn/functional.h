@@ -152,8 +152,8 @@ Tensor embedding(const Tensor& indices, const Tensor& weight,
 /// `scale` defaults to 1/sqrt(E). When `weights` is given it receives the attention
 /// probabilities (after dropout). A row with every position masked gives NaN, as PyTorch.
 /// Runs by flash_attention (O(L) kept for backward instead of O(L * S)) or by the composed
-/// path as sdp_backend() says (flash_attention.h): Auto takes flash for CPU training steps
-/// with L * S >= 4 (L + S) E or under a memory budget, never with
+/// path as sdp_backend() says (flash_attention.h): Auto takes flash under a memory budget,
+/// or for CPU training steps whose kept probabilities would reach 256 MiB; never with
 /// `weights`, dropout or a mask that needs a gradient; SDPBackendGuard forces one.
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v,
                                     const Tensor& attn_mask = Tensor(), double dropout_p = 0.0,
