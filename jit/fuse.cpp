@@ -97,6 +97,7 @@ bool StoreHints::stored(const Node& n) {
 
 FusionPlan fuse(const std::vector<Node*>& schedule, const std::unordered_set<Node*>& outputs) {
   const bool no_fusion = pass_disabled("FUSION");
+  const bool regenerate = !pass_disabled("REGENERATE");
   StoreHints hints;
   std::unordered_map<Node*, int> consumers;
   std::unordered_set<Node*> forced;                // must be materialized whatever its cost
@@ -242,8 +243,13 @@ FusionPlan fuse(const std::vector<Node*>& schedule, const std::unordered_set<Nod
       // and one huge expression compiles slowly.
       if (!keep && dep >= kMaxInlineDepth) keep = true;
       if (!keep && r > kMaxKernelReads && op_family(n->op) == OpFamily::Elementwise) keep = true;
-      // Shared and costly: store once instead of recomputing per consumer.
-      if (!keep && consumers[n] > 1 && c > kDuplicateBudget) keep = true;
+      // Shared and costly: store once instead of recomputing per consumer. A value that
+      // reads no buffer (a dropout mask: a draw compared with a constant) is the exception:
+      // stored, it would be kept from the forward kernel to the backward one, bytes per
+      // element for the whole step, where regenerating it from its counters costs each
+      // reader a few operations per element and gives the same bits.
+      const bool regenerated = regenerate && r == 0;
+      if (!keep && consumers[n] > 1 && c > kDuplicateBudget && !regenerated) keep = true;
       // Read through a broadcast that multiplies the work (matmul operands): store it.
       if (row_stage || (reads_stage && op_family(n->op) == OpFamily::Elementwise))
         per_row.insert(n);
