@@ -4,12 +4,15 @@
 // gradients still agree with the reference evaluator, and the kept bytes shrink.
 #include <catch2/catch.hpp>
 #include <cmath>
+#include <cstdlib>
+#include <filesystem>
 #include <memory>
 #include <vector>
 
 #include "bench/kept_for_backward.h"
 #include "frontend/kiln.h"
 #include "frontend/nn/nn.h"
+#include "ops/bit_mask.h"
 #include "test_nn_support.h"
 
 using namespace kiln;
@@ -22,6 +25,34 @@ namespace {
 bool is_mask_kernel(const std::string& ops) {
   return ops.find("rand") != std::string::npos && ops.find("linear") == std::string::npos &&
          ops.find("where") == std::string::npos;
+}
+
+// Linear -> ReLU -> Dropout -> Linear, the Transformer's feed-forward block: what its
+// training step keeps for the backward pass.
+bench::KeptForBackward kept_by_feed_forward(bool dropout, int64_t batch, int64_t hidden) {
+  manual_seed(3);
+  std::vector<std::shared_ptr<nn::UnaryModule>> layers{std::make_shared<nn::Linear>(256, hidden),
+                                                       std::make_shared<nn::ReLU>()};
+  // p = 0.1 and momentum 0.9: the mask compares its draw with 1 - p, the scalar the
+  // optimizer's update reads too, which an earlier evaluation may have stored.
+  if (dropout) layers.push_back(std::make_shared<nn::Dropout>(0.1));
+  layers.push_back(std::make_shared<nn::Linear>(hidden, 10));
+  auto model = std::make_shared<nn::Sequential>();
+  for (auto& l : layers) model->push_back(l);
+  eval(model->parameters());
+  optim::SGD opt(model->parameters(), optim::SGDOptions{.lr = 0.01, .momentum = 0.9});
+  Tensor x = randn({batch, 256}).eval();
+  Tensor y = randint(0, 10, {batch}).eval();
+  auto step = [&] {
+    opt.zero_grad();
+    Tensor loss = nn::cross_entropy(model->forward(x), y);
+    loss.backward();
+    opt.step();
+    (void)loss.item<float>();
+  };
+  step();
+  step();
+  return bench::measure_kept_for_backward(step);
 }
 
 }  // namespace
@@ -71,39 +102,109 @@ TEST_CASE("attention dropout's backward matches the reference evaluator", "[kept
   NN_REQUIRE_CLOSE(got, want, 1e-5, 1e-4);
 }
 
-TEST_CASE("a dropout mask is not kept for the backward pass", "[kept][dropout]") {
+TEST_CASE("a dropout mask and relu's input are not kept for the backward pass",
+          "[kept][dropout][relu]") {
   ExecutorGuard jit("jit");
-  // Linear -> ReLU -> Dropout -> Linear: the step keeps the first product (relu's gradient
-  // reads its sign) and the dropped activations (the second product's weight gradient
-  // reads them), 4 bytes per element each; the mask (1 byte per element as bool) is drawn
-  // again in the backward kernel.
+  // The second product's weight gradient reads the dropped activations (4 bytes per
+  // element); relu's gradient reads its sign, packed into bits in the forward pass, since
+  // relu's output is computed inside the dropout's kernel and never stored. Neither the
+  // mask (1 byte per element as bool) nor the first product (4 bytes) is kept.
   const int64_t batch = 64, hidden = 512;
-  manual_seed(3);
-  auto model =
-      std::make_shared<nn::Sequential>(std::initializer_list<std::shared_ptr<nn::UnaryModule>>{
-          std::make_shared<nn::Linear>(256, hidden), std::make_shared<nn::ReLU>(),
-          std::make_shared<nn::Dropout>(0.2), std::make_shared<nn::Linear>(hidden, 10)});
-  eval(model->parameters());
-  optim::SGD opt(model->parameters(), optim::SGDOptions{.lr = 0.01});
-  Tensor x = randn({batch, 256}).eval();
-  Tensor y = randint(0, 10, {batch}).eval();
-  auto step = [&] {
-    opt.zero_grad();
-    Tensor loss = nn::cross_entropy(model->forward(x), y);
-    loss.backward();
-    opt.step();
-    (void)loss.item<float>();
-  };
-  step();
-  const bench::KeptForBackward kept = bench::measure_kept_for_backward(step);
+  const bench::KeptForBackward kept = kept_by_feed_forward(true, batch, hidden);
   REQUIRE(kept.found);
   const size_t activation = static_cast<size_t>(batch * hidden) * 4;
   for (const auto& v : kept.list) {
     INFO(v.kernel << " " << v.bytes);
     CHECK_FALSE(is_mask_kernel(v.kernel));
+    CHECK(v.bytes <= activation);
   }
-  // The two activations and the loss's small row statistics; a stored mask would add
-  // batch * hidden bytes.
-  CHECK(kept.activations >= 2 * activation);
-  CHECK(kept.activations < 2 * activation + static_cast<size_t>(batch * hidden) / 2);
+  // The dropped activations, relu's bits (batch * hidden / 8 bytes) and the loss's row
+  // statistics (under 4 KiB here).
+  CHECK(kept.activations >= activation + static_cast<size_t>(batch * hidden) / 8);
+  CHECK(kept.activations < activation + static_cast<size_t>(batch * hidden) / 8 + 4096);
+}
+
+TEST_CASE("relu's output read by a product is kept, and no bits beside it", "[kept][relu]") {
+  ExecutorGuard jit("jit");
+  // Linear -> ReLU -> Linear: the product's weight gradient reads relu's output, so its
+  // sign costs nothing more; packing it would only add bits and a kernel.
+  const int64_t batch = 64, hidden = 512;
+  const bench::KeptForBackward kept = kept_by_feed_forward(false, batch, hidden);
+  REQUIRE(kept.found);
+  const size_t activation = static_cast<size_t>(batch * hidden) * 4;
+  for (const auto& v : kept.list) {
+    INFO(v.kernel << " " << v.bytes);
+    CHECK(v.kernel.find("pack_bits") == std::string::npos);
+  }
+  CHECK(kept.activations >= activation);
+  CHECK(kept.activations < activation + 4096);
+}
+
+TEST_CASE("packed bits read back the mask they were packed from", "[kept][relu]") {
+  ExecutorGuard jit("jit");
+  // Last dimensions that are and are not multiples of 8, and a rank-0 mask.
+  for (const Shape& shape : {Shape{3, 5, 13}, Shape{4, 16}, Shape{1}, Shape{}, Shape{2, 1027}}) {
+    INFO(shape_str(shape));
+    manual_seed(11);
+    Tensor mask = (randn(shape) > 0.0f).eval();
+    Tensor packed = kiln::detail::pack_bits(mask);
+    CHECK(packed.dtype() == DType::UInt8);
+    CHECK(packed.shape().back() == ((shape.empty() ? 1 : shape.back()) + 7) / 8);
+    Tensor back = kiln::detail::unpack_bits(packed, shape);
+    CHECK(back.shape() == shape);
+    CHECK(back.to_vector<bool>() == mask.to_vector<bool>());
+  }
+}
+
+TEST_CASE("relu's gradient from packed bits matches finite differences", "[kept][relu]") {
+  // relu's output read only by elementwise ops (a scale, as dropout's): its backward reads
+  // the packed sign. Central differences in float64 on the reference evaluator, and the
+  // JIT against the reference at float32 (the same graph both ways).
+  kiln::Generator gen(21);
+  Tensor x = (kiln::rand({3, 5, 13}, DType::Float64, gen) * 2.0 - 1.0).eval();
+  x.requires_grad_(true);
+  Tensor w = kiln::rand({3, 5, 13}, DType::Float64, gen).eval();
+  auto loss = [&] { return sum(relu(x) * 3.0 * w); };
+  REQUIRE(nn_test::gradient_check(loss, {x}, 1e-6, 1e-7, 200) == "");
+  auto run = [&](const char* executor) {
+    ExecutorGuard use(executor);
+    Tensor xf = cast(x.detach(), DType::Float32).eval();
+    xf.requires_grad_(true);
+    Tensor wf = cast(w, DType::Float32).eval();
+    return values(grad(sum(relu(xf) * 3.0f * wf), {xf})[0]);
+  };
+  const std::vector<double> got = run("jit"), want = run("reference");
+  NN_REQUIRE_CLOSE(got, want, 0, 0);  // one multiply per element: exact
+}
+
+TEST_CASE("attention masks are read by the kernels, never stored at scores size",
+          "[kept][attention]") {
+  ExecutorGuard jit("jit");
+  // A bool attn_mask [L, S] broadcast over batch and heads, and is_causal (compares of
+  // coordinates): the scores' kernels read the mask where they need it, so no value of the
+  // step (forward or backward) is a bool [B, H, L, S]. Sizes make that byte count unlike
+  // any float value's.
+  const int64_t b = 2, h = 4, l = 32, s = 24, e = 16;
+  manual_seed(5);
+  Tensor q = randn({b, h, l, e}).eval(), k = randn({b, h, s, e}).eval(),
+         v = randn({b, h, s, e}).eval();
+  for (Tensor* t : {&q, &k, &v}) t->requires_grad_(true);
+  Tensor mask = (randn({l, s}) > -1.0f).eval();
+  namespace fs = std::filesystem;
+  const fs::path file = fs::temp_directory_path() / "kiln_test_attention_mask.graph";
+  for (bool causal : {false, true}) {
+    INFO("is_causal " << causal);
+    setenv("KILN_PLAN_DUMP", file.c_str(), 1);
+    Tensor o = nn::F::scaled_dot_product_attention(q, k, v, causal ? Tensor() : mask, 0.0, causal);
+    std::vector<Tensor> g = grad(sum(o * o), {q, k, v});
+    eval({g[0], g[1], g[2]});
+    unsetenv("KILN_PLAN_DUMP");
+    const memory::StepGraphFile dump = memory::load_step_graph(file.string());
+    REQUIRE(!dump.graph.values.empty());
+    for (size_t i = 0; i < dump.graph.values.size(); ++i) {
+      INFO("value " << i);
+      CHECK(dump.graph.values[i].bytes != static_cast<size_t>(b * h * l * s));
+    }
+  }
+  fs::remove(file);
 }

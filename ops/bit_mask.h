@@ -1,0 +1,16 @@
+#pragma once
+// Boolean masks packed eight to a byte, built from meta-ops: a backward pass that needs only
+// where a forward value was positive keeps one bit per element instead of the value.
+#include "../core/tensor.h"
+
+namespace kiln::detail {
+
+/// The bool tensor `mask` [..., F] packed along its last dimension into uint8 [..., ceil(F/8)]:
+/// bit k of byte j is mask[..., 8j + k] (a rank-0 mask packs as [1]). One reduction kernel.
+Tensor pack_bits(const Tensor& mask);
+
+/// The bool tensor of `shape` that pack_bits(mask) was made from, read back bit by bit; it
+/// fuses into the kernels that read it.
+Tensor unpack_bits(const Tensor& packed, const Shape& shape);
+
+}  // namespace kiln::detail
