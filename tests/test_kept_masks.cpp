@@ -12,6 +12,7 @@
 #include "bench/kept_for_backward.h"
 #include "frontend/kiln.h"
 #include "frontend/nn/nn.h"
+#include "memory/budget.h"
 #include "ops/bit_mask.h"
 #include "test_nn_support.h"
 
@@ -207,4 +208,43 @@ TEST_CASE("attention masks are read by the kernels, never stored at scores size"
     }
   }
   fs::remove(file);
+}
+
+TEST_CASE("an LSTM under a memory budget keeps its summed gates, not both products",
+          "[kept][lstm]") {
+  ExecutorGuard jit("jit");
+  // Without a budget the step keeps the four activated gates of every time step ([B, 4H]
+  // in all). Under one they are inlined, and the step keeps their summed pre-activations
+  // ([B, 4H]) where it kept the two products that make them (2 x [B, 4H]).
+  auto kept_bytes = [](bool budgeted) {
+    manual_seed(9);
+    nn::LSTM lstm(32, 64, 1, true, true);
+    nn::Linear head(64, 16);
+    std::vector<Tensor> params = lstm.parameters();
+    for (const Tensor& p : head.parameters()) params.push_back(p);
+    eval(params);
+    optim::Adam opt(params, optim::AdamOptions{.lr = 1e-3});
+    Tensor x = randn({8, 24, 32}).eval();
+    Tensor y = randint(0, 16, {8 * 24}).eval();
+    auto step = [&] {
+      opt.zero_grad();
+      Tensor logits = head.forward(lstm.forward(x).output);
+      Tensor loss = nn::cross_entropy(reshape(logits, {8 * 24, 16}), y);
+      loss.backward();
+      opt.step();
+      (void)loss.item<float>();
+    };
+    // A budget far above the step: nothing is released, only what fusion stores changes.
+    if (budgeted) memory::set_budget(std::string("1GiB"));
+    step();
+    const bench::KeptForBackward kept = bench::measure_kept_for_backward(step);
+    memory::clear_budget();
+    REQUIRE(kept.found);
+    return kept.activations;
+  };
+  const size_t free_run = kept_bytes(false), budgeted = kept_bytes(true);
+  const size_t products = 24 * static_cast<size_t>(8 * 4 * 64 * 4);  // one [B, 4H] per step
+  INFO("unbudgeted " << free_run << ", budgeted " << budgeted);
+  // Both keep about one [B, 4H] per step beside h and c; two products would add `products`.
+  CHECK(budgeted < free_run + products / 2);
 }
