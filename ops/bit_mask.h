@@ -5,8 +5,9 @@
 
 namespace kiln::detail {
 
-/// The bool tensor `mask` [..., F] packed along its last dimension into uint8 [..., ceil(F/8)]:
-/// bit k of byte j is mask[..., 8j + k] (a rank-0 mask packs as [1]). One reduction kernel.
+/// The bool tensor `mask` [..., R, F] packed along its rows into uint8 [..., ceil(R/8), F]:
+/// bit k of byte (j, f) is mask[..., 8j + k, f]. A rank-1 mask [F] packs along F into
+/// [ceil(F/8)], a rank-0 one as [1]. One reduction kernel.
 Tensor pack_bits(const Tensor& mask);
 
 /// The bool tensor of `shape` that pack_bits(mask) was made from, read back bit by bit; it

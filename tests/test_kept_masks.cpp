@@ -119,7 +119,7 @@ TEST_CASE("a dropout mask and relu's input are not kept for the backward pass",
     CHECK_FALSE(is_mask_kernel(v.kernel));
     CHECK(v.bytes <= activation);
   }
-  // The dropped activations, relu's bits (batch * hidden / 8 bytes) and the loss's row
+  // The dropped activations, relu's bits (batch / 8 * hidden bytes) and the loss's row
   // statistics (under 4 KiB here).
   CHECK(kept.activations >= activation + static_cast<size_t>(batch * hidden) / 8);
   CHECK(kept.activations < activation + static_cast<size_t>(batch * hidden) / 8 + 4096);
@@ -150,7 +150,7 @@ TEST_CASE("packed bits read back the mask they were packed from", "[kept][relu]"
     Tensor mask = (randn(shape) > 0.0f).eval();
     Tensor packed = kiln::detail::pack_bits(mask);
     CHECK(packed.dtype() == DType::UInt8);
-    CHECK(packed.shape().back() == ((shape.empty() ? 1 : shape.back()) + 7) / 8);
+    CHECK(packed.numel() * 8 >= std::max<int64_t>(numel(shape), 1));
     Tensor back = kiln::detail::unpack_bits(packed, shape);
     CHECK(back.shape() == shape);
     CHECK(back.to_vector<bool>() == mask.to_vector<bool>());
