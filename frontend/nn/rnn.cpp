@@ -244,10 +244,9 @@ LSTMOutput LSTM::forward(const Tensor& input, const Tensor& h0, const Tensor& c0
       // Under a memory budget the activated gates are inlined (below), and the backward
       // pass read both products to rebuild them, keeping two [B, 4H] values per step. The
       // summed pre-activations are stored instead: one [B, 4H] value, and the products die
-      // in the forward pass (bench_train's LSTM under a budget kept 25.2 MB for its backward,
-      // now 16.8 MB, and needs fewer rebuilds at every budget measured). Whether a budget
-      // applies is read when the step is built, since a store hint is fixed per node; a
-      // budget set between building and evaluating changes only what is stored.
+      // in the forward pass (docs/benchmarks.md has what it saves). Whether a budget applies
+      // is read when the step is built, since a store hint is fixed per node; a budget set
+      // between building and evaluating changes only what is stored, never the results.
       if (memory::budget(gates.device()) > 0) gates = kiln::detail::store_hint(gates);
       // Where no memory budget applies the gates are stored: the backward reads them
       // (sigmoid' = s(1 - s), tanh' = 1 - t^2) and so does the cell update, and recomputing
