@@ -248,3 +248,40 @@ TEST_CASE("an LSTM under a memory budget keeps its summed gates, not both produc
   // Both keep about one [B, 4H] per step beside h and c; two products would add `products`.
   CHECK(budgeted < free_run + products / 2);
 }
+
+TEST_CASE("a mask drawn against a stored probability is drawn again too", "[kept][dropout]") {
+  ExecutorGuard jit("jit");
+  // The probability as an evaluated scalar (an earlier step may have stored the same weak
+  // scalar): it is a buffer the mask reads, but it keeps nothing alive, so the mask is
+  // still regenerated rather than stored from the forward kernel to the backward one.
+  manual_seed(13);
+  Tensor w1 = (randn({128, 256}) * 0.1f).eval(), w2 = (randn({256, 8}) * 0.1f).eval();
+  w1.requires_grad_(true);
+  w2.requires_grad_(true);
+  Tensor x = randn({64, 128}).eval();
+  Tensor keep = full({}, 0.9f).eval();
+  optim::SGD opt({w1, w2}, optim::SGDOptions{.lr = 0.01});
+  auto step = [&] {
+    opt.zero_grad();
+    Tensor h = matmul(x, w1);
+    Tensor d = where(rand(h.shape()) < keep, h * (1.0f / 0.9f), 0.0f);
+    Tensor loss = sum(square(matmul(d, w2)));
+    loss.backward();
+    opt.step();
+    (void)loss.item<float>();
+  };
+  step();
+  // No kernel of the step stores the mask (a kernel of the draw and the compare alone).
+  namespace fs = std::filesystem;
+  const fs::path file = fs::temp_directory_path() / "kiln_test_stored_probability.graph";
+  setenv("KILN_PLAN_DUMP", file.c_str(), 1);
+  step();
+  unsetenv("KILN_PLAN_DUMP");
+  const memory::StepGraphFile dump = memory::load_step_graph(file.string());
+  fs::remove(file);
+  REQUIRE(!dump.kernel_names.empty());
+  for (const std::string& name : dump.kernel_names) {
+    INFO(name);
+    CHECK_FALSE(is_mask_kernel(name));
+  }
+}
