@@ -35,18 +35,24 @@ Tensor pack_bits(const Tensor& mask) {
   const Shape& shape = m.shape();
   const int r = static_cast<int>(shape.size()), a = packed_axis(r);
   // Byte (.., j, ..) is the sum of 8 selects of 2^k where the mask is set at 8j + k along
-  // the axis (false past its end): distinct powers of two, so the sum is their bitwise or.
+  // the axis: distinct powers of two, so the sum is their bitwise or.
   // A map over the packed shape whose inner loop reads the mask's rows at unit stride; as a
   // reduction over a trailing group of 8 it read each byte's 8 elements a row apart.
   Shape packed = shape;
   packed[static_cast<size_t>(a)] = (shape[static_cast<size_t>(a)] + 7) / 8;
   const Tensor zero = full({}, 0, DType::UInt8, m.device());
   Tensor bytes;
+  // Rows past the end read the last row: unpack_bits never reads their bits, and a read
+  // that is in range at every size keeps the kernel free of a bounds guard whose presence
+  // would depend on whether the row count is a multiple of 8 (a new kernel for some batch
+  // sizes; kernels are keyed by structure, not sizes).
+  const IndexExpr last = IndexExpr::constant(shape[static_cast<size_t>(a)] - 1);
   for (int k = 0; k < 8; ++k) {
     std::vector<IndexExpr> at;
     for (int d = 0; d < r; ++d)
-      at.push_back(d == a ? IndexExpr::var(d) * IndexExpr::constant(8) + IndexExpr::constant(k)
-                          : IndexExpr::var(d));
+      at.push_back(
+          d == a ? min(IndexExpr::var(d) * IndexExpr::constant(8) + IndexExpr::constant(k), last)
+                 : IndexExpr::var(d));
     Tensor bit = reindex(m, packed, at, false, {}, false, "pack_bits");
     Tensor term = where(bit, full({}, 1 << k, DType::UInt8, m.device()), zero);
     // Named for the kernels it roots (pack_bits), which reports and kept_for_backward read.
