@@ -125,7 +125,7 @@ TEST_CASE("a dropout mask and relu's input are not kept for the backward pass",
   CHECK(kept.activations < activation + static_cast<size_t>(batch * hidden) / 8 + 4096);
 }
 
-TEST_CASE("relu's output read by a product is kept, and no bits beside it", "[kept][relu]") {
+TEST_CASE("relu's output read by a product is kept with no bits beside it", "[kept][relu]") {
   ExecutorGuard jit("jit");
   // Linear -> ReLU -> Linear: the product's weight gradient reads relu's output, so its
   // sign costs nothing more; packing it would only add bits and a kernel.
@@ -178,7 +178,7 @@ TEST_CASE("relu's gradient from packed bits matches finite differences", "[kept]
   NN_REQUIRE_CLOSE(got, want, 0, 0);  // one multiply per element: exact
 }
 
-TEST_CASE("attention masks are read by the kernels, never stored at scores size",
+TEST_CASE("attention masks are read by the kernels and never stored at scores size",
           "[kept][attention]") {
   ExecutorGuard jit("jit");
   // A bool attn_mask [L, S] broadcast over batch and heads, and is_causal (compares of
@@ -210,7 +210,7 @@ TEST_CASE("attention masks are read by the kernels, never stored at scores size"
   fs::remove(file);
 }
 
-TEST_CASE("an LSTM under a memory budget keeps its summed gates, not both products",
+TEST_CASE("an LSTM under a memory budget keeps its summed gates and not both products",
           "[kept][lstm]") {
   ExecutorGuard jit("jit");
   // Without a budget the step keeps the four activated gates of every time step ([B, 4H]
