@@ -57,6 +57,17 @@ inline bool only_copies(const std::string& ops) {
   }
   return true;
 }
+// Whether a kernel's name ("linear+full+relu+gt+...+pack_bits") lists the op `op`.
+inline bool has_op(const std::string& ops, const std::string& op) {
+  size_t at = 0;
+  while (at <= ops.size()) {
+    size_t end = ops.find('+', at);
+    if (end == std::string::npos) end = ops.size();
+    if (ops.compare(at, end - at, op) == 0) return true;
+    at = end + 1;
+  }
+  return false;
+}
 }  // namespace detail
 
 /// Counts what the step in `file` keeps for backward (see the file comment).
@@ -94,6 +105,13 @@ inline KeptForBackward kept_for_backward(const memory::StepGraphFile& file) {
     }
   }
   if (forward.empty()) return out;
+  // A kernel that packs a forward value's sign into bits for the backward (relu's mask,
+  // ops/bit_mask.h) belongs to the forward pass although the loss does not descend from it:
+  // what it reads dies there, and its bits are what the step keeps.
+  for (int k = 0; k < nk; ++k)
+    if (static_cast<size_t>(k) < file.kernel_names.size() &&
+        detail::has_op(file.kernel_names[static_cast<size_t>(k)], "pack_bits"))
+      forward[static_cast<size_t>(k)] = 1;
   std::vector<char> read_by_backward(g.values.size(), 0);
   for (int k = 0; k < nk; ++k) {
     if (forward[static_cast<size_t>(k)]) continue;

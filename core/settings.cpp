@@ -69,6 +69,10 @@ const std::vector<Variable> kVariables = {
     {"KILN_DISABLE_ROWS", "1/true/on/yes or 0/false/off/no",
      "every reduction in a kernel of its own (no row stages inside its consumer's kernel)",
      W::PerProcess},
+    {"KILN_DISABLE_REGENERATE", "1/true/on/yes or 0/false/off/no",
+     "store a value computed from sources alone (a dropout mask) when several kernels read it, "
+     "instead of regenerating it in each",
+     W::PerProcess},
     {"KILN_DISABLE_PLAN_CACHE", "1/true/on/yes or 0/false/off/no",
      "re-plan every evaluation instead of replaying a cached plan", W::PerProcess},
     {"KILN_DISABLE_REPLAY", "1/true/on/yes or 0/false/off/no",

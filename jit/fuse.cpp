@@ -97,6 +97,7 @@ bool StoreHints::stored(const Node& n) {
 
 FusionPlan fuse(const std::vector<Node*>& schedule, const std::unordered_set<Node*>& outputs) {
   const bool no_fusion = pass_disabled("FUSION");
+  const bool regenerate = !pass_disabled("REGENERATE");
   StoreHints hints;
   std::unordered_map<Node*, int> consumers;
   std::unordered_set<Node*> forced;                // must be materialized whatever its cost
@@ -210,6 +211,8 @@ FusionPlan fuse(const std::vector<Node*>& schedule, const std::unordered_set<Nod
     std::unordered_map<Node*, int> cost;   // inline cost; 0 once materialized
     std::unordered_map<Node*, int> depth;  // longest inlined chain below the node
     std::unordered_map<Node*, int> reads;  // stored values the inlined tree below reads
+    // Inlined values that read no stored value but scalars: computed from sources alone.
+    std::unordered_set<Node*> from_sources;
     std::unordered_set<Node*> materialized;
     // Inlined values that read a row stage: they are computed per row (their coordinates
     // are the kernel's rows), so a broadcast along the row does not repeat their work.
@@ -217,15 +220,18 @@ FusionPlan fuse(const std::vector<Node*>& schedule, const std::unordered_set<Nod
     for (Node* n : schedule) {
       int c = own_cost(*n);
       int dep = 1, r = 0;
-      bool reads_stage = false;
+      bool reads_stage = false, sources_only = true;
       for (const NodePtr& in : n->inputs) {
         if (!in->is_evaluated() && !materialized.count(in.get())) {
           reads_stage = reads_stage || per_row.count(in.get());
           c += cost[in.get()];
           dep = std::max(dep, depth[in.get()] + 1);
           r += reads[in.get()];
+          sources_only = sources_only && from_sources.count(in.get());
         } else {
           ++r;
+          // A stored scalar (a probability evaluated in an earlier step) keeps nothing alive.
+          sources_only = sources_only && in->numel() <= 1;
         }
       }
       depth[n] = dep;
@@ -242,8 +248,13 @@ FusionPlan fuse(const std::vector<Node*>& schedule, const std::unordered_set<Nod
       // and one huge expression compiles slowly.
       if (!keep && dep >= kMaxInlineDepth) keep = true;
       if (!keep && r > kMaxKernelReads && op_family(n->op) == OpFamily::Elementwise) keep = true;
-      // Shared and costly: store once instead of recomputing per consumer.
-      if (!keep && consumers[n] > 1 && c > kDuplicateBudget) keep = true;
+      // Shared and costly: store once instead of recomputing per consumer. A value that
+      // reads no buffer but scalars (a dropout mask: a draw compared with a probability) is
+      // the exception: stored, it would be kept from the forward kernel to the backward one,
+      // bytes per element for the whole step, where regenerating it from its counters costs
+      // each reader a few operations per element and gives the same bits.
+      const bool regenerated = regenerate && sources_only;
+      if (!keep && consumers[n] > 1 && c > kDuplicateBudget && !regenerated) keep = true;
       // Read through a broadcast that multiplies the work (matmul operands): store it.
       if (row_stage || (reads_stage && op_family(n->op) == OpFamily::Elementwise))
         per_row.insert(n);
@@ -257,6 +268,7 @@ FusionPlan fuse(const std::vector<Node*>& schedule, const std::unordered_set<Nod
         reads[n] = 0;
       } else {
         cost[n] = c;
+        if (sources_only) from_sources.insert(n);
       }
     }
 

@@ -49,7 +49,13 @@ std::string kernel_name(const FusionGroup& g) {
   }
   std::string out;
   for (size_t i = 0; i < names.size() && i < 4; ++i) out += (i ? "+" : "") + names[i];
-  if (names.size() > 4) out += "+...";
+  // A long list ends with the root's op, so that a name says what the kernel writes (a
+  // forward value's bits, pack_bits, whose sources are the forward ops it reads).
+  if (names.size() > 4) {
+    const std::string last = g.root->origin ? g.root->origin : std::string(op_name(g.root->op));
+    const bool listed = std::find(names.begin(), names.begin() + 4, last) != names.begin() + 4;
+    out += listed ? "+..." : "+...+" + last;
+  }
   return out;
 }
 

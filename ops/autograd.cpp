@@ -45,7 +45,7 @@ std::string no_grad_reason(const Node& output) {
   return "; nothing it depends on requires grad (call requires_grad_() on the parameters)";
 }
 
-std::vector<Tensor> vjp(const Node& n, const Tensor& g) {
+std::vector<Tensor> vjp(const Node& n, const Tensor& g, bool out_inlined = false) {
   std::vector<Tensor> inputs;
   inputs.reserve(n.inputs.size());
   for (const NodePtr& in : n.inputs) inputs.emplace_back(in);
@@ -54,7 +54,7 @@ std::vector<Tensor> vjp(const Node& n, const Tensor& g) {
     case OpFamily::Source:
       return {};
     case OpFamily::Elementwise:
-      return detail::elementwise_vjp(n, inputs, out, g);
+      return detail::elementwise_vjp(n, inputs, out, g, out_inlined);
     case OpFamily::Reindex:
     case OpFamily::ReindexReduce:
       return detail::reindex_vjp(n, inputs, out, g);
@@ -193,6 +193,18 @@ std::unordered_map<Node*, Tensor> propagate(const std::vector<Node*>& order, Nod
   // kernel adds one term to a stored total. Sums with terms to compute stay fused.
   std::unordered_map<Node*, std::pair<int, bool>> terms;
   detail::CustomFunctionGradients functions([&](Node* n) { return on_path.count(n) > 0; });
+  // Values computed inside the kernels that read them: every reader on the path is
+  // elementwise and no user holds them (a matmul's operand, a reduction's input or a held
+  // tensor is stored, and then a rule may read it for free).
+  std::unordered_set<Node*> stored_reader;
+  for (Node* n : order) {
+    const bool elementwise = op_family(n->op) == OpFamily::Elementwise;
+    for (const NodePtr& in : detail::gradient_inputs(*n))
+      if (!elementwise) stored_reader.insert(in.get());
+  }
+  auto inlined = [&](Node* n) {
+    return n != output && !n->is_evaluated() && n->handles.load() == 0 && !stored_reader.count(n);
+  };
   auto stored_term = [](const Tensor& t) {
     return t.node()->is_evaluated() || t.node()->op == OpCode::ReindexReduce;
   };
@@ -237,7 +249,7 @@ std::unordered_map<Node*, Tensor> propagate(const std::vector<Node*>& order, Nod
       if (on_path.count(in)) pieces[in].push_back({n, g, std::move(at)});
       continue;
     }
-    std::vector<Tensor> in_grads = vjp(*n, g);
+    std::vector<Tensor> in_grads = vjp(*n, g, inlined(n));
     for (size_t k = 0; k < in_grads.size() && k < n->inputs.size(); ++k) {
       Node* in = n->inputs[k].get();
       if (in_grads[k].defined() && on_path.count(in)) accumulate(in, in_grads[k]);

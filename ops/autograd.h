@@ -20,9 +20,13 @@ std::vector<Tensor> grad(const Tensor& output, const std::vector<Tensor>& inputs
 
 namespace detail {
 /// Gradient rule of one elementwise node: the gradient of each input given the output
-/// gradient `g` (undefined where none flows). `out` is the node's own value.
+/// gradient `g` (undefined where none flows). `out` is the node's own value. With
+/// `out_inlined` (every reader of `out` on the gradient path is elementwise, so fusion
+/// computes it inside their kernels and never stores it), a rule that needs only where `out`
+/// is positive (relu's) reads a bitmask packed in the forward pass: reading `out` itself
+/// would keep what it is computed from, 4 bytes per element, until the backward pass.
 std::vector<Tensor> elementwise_vjp(const Node& node, const std::vector<Tensor>& inputs,
-                                    const Tensor& out, const Tensor& g);
+                                    const Tensor& out, const Tensor& g, bool out_inlined = false);
 /// Gradient rule of a reindex or reindex-reduce node (index tensors get none).
 std::vector<Tensor> reindex_vjp(const Node& node, const std::vector<Tensor>& inputs,
                                 const Tensor& out, const Tensor& g);

@@ -8,6 +8,7 @@
 
 #include "autocast.h"
 #include "autograd.h"
+#include "bit_mask.h"
 #include "reduce_ops.h"
 #include "reindex.h"
 #include "sources.h"
@@ -352,7 +353,7 @@ namespace detail {
 // elementwise too. Ops with zero derivative almost everywhere (sign, floor, round, mod's
 // comparisons, integer results) pass nothing back, which sums as zero.
 std::vector<Tensor> elementwise_vjp(const Node& n, const std::vector<Tensor>& in, const Tensor& out,
-                                    const Tensor& g) {
+                                    const Tensor& g, bool out_inlined) {
   constexpr double kLn2 = 0.69314718055994530942;
   constexpr double kTwoOverSqrtPi = 1.12837916709551257390;
   const Tensor& a = in[0];
@@ -448,8 +449,12 @@ std::vector<Tensor> elementwise_vjp(const Node& n, const std::vector<Tensor>& in
       if (n.origin != nullptr && std::string_view(n.origin) == "relu") {
         // relu'(0) = 0, as PyTorch. Read from the output (out > 0 exactly where x > 0, NaN
         // included) so that the backward pass keeps the relu's result, which the next layer
-        // keeps anyway, and not its input as well.
-        d[0] = where(out > 0, g, 0);
+        // keeps anyway, and not its input as well. Where nothing keeps the output (its
+        // readers compute it inline: relu then dropout, the Transformer's feed-forward), its
+        // sign is kept as one bit per element instead of the input as 4 bytes.
+        Tensor positive = out > 0;
+        if (out_inlined) positive = unpack_bits(pack_bits(positive), out.shape());
+        d[0] = where(positive, g, 0);
         break;
       }
       Tensor a_wins = n.op == OpCode::Maximum ? a > b : a < b;

@@ -201,13 +201,15 @@ bool same_bits(double a, double b) { return std::memcmp(&a, &b, sizeof a) == 0; 
 TEST_CASE("budgeted training steps are bit-identical and stay within the budget", "[plan]") {
   BudgetGuard guard;
   // The fractions the planner reaches on each model today (docs/memory.md, "Known limits").
-  // This MLP keeps its gradients (1.6 MB of the 2.7 MB the step adds) and one activation
-  // per layer, which leaves too little to release below about 0.55. Unbudgeted, the LSTM
+  // This MLP keeps its gradients (1.7 MB of the 2.4 MB the step adds) and one activation
+  // per layer, which leaves too little to release below about 0.65 (0.55 before its dropout
+  // mask was drawn again in the backward kernel and its first relu kept as bits: the
+  // releasable bytes shrank, the floor in bytes did not). Unbudgeted, the LSTM
   // stores its gates and its releasable bytes are 0.6x what they were when it held 0.2;
   // budgeted, it inlines them as then, so its floor (the stacking of its outputs), the same
   // in bytes, is about 0.3 of the new releasable bytes.
   const std::vector<std::pair<const char*, std::vector<double>>> cases{
-      {"mlp", {0.8, 0.6}}, {"lstm", {0.8, 0.5, 0.33}}, {"transformer", {0.5, 0.33, 0.2}}};
+      {"mlp", {0.8, 0.65}}, {"lstm", {0.8, 0.5, 0.33}}, {"transformer", {0.5, 0.33, 0.2}}};
   for (const auto& [kind, fractions] : cases) {
     const Reference ref = reference(kind);
     REQUIRE(ref.step_bytes > 0);
