@@ -18,10 +18,9 @@ create_selective_checkpoint_contexts). Prints `RESULT <model> <method> <wall ms>
 <peak bytes above the step's start>` per method."""
 import argparse
 import functools
-import json
 import sys
-import tempfile
-import time
+
+from torch_timing import allocator_peak_above_start, median_ms  # bench/
 
 
 def main():
@@ -58,28 +57,8 @@ def main():
             loss.backward()
             return loss.item()
 
-        for _ in range(2):
-            step()
-        walls, cpus = [], []
-        for _ in range(args.reps):
-            w, c = time.perf_counter(), time.process_time()
-            step()
-            walls.append((time.perf_counter() - w) * 1e3)
-            cpus.append((time.process_time() - c) * 1e3)
-        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU],
-                                    profile_memory=True) as prof:
-            step()
-        with tempfile.NamedTemporaryFile(suffix=".json") as f:
-            prof.export_chrome_trace(f.name)
-            events = json.load(open(f.name))["traceEvents"]
-        held = peak = 0
-        for ev in sorted((e for e in events if e.get("name") == "[memory]"),
-                         key=lambda e: e["ts"]):
-            if ev["args"].get("Device Type", 0) == 0:
-                held += ev["args"]["Bytes"]
-                peak = max(peak, held)
-        med = lambda v: sorted(v)[len(v) // 2]
-        return med(walls), med(cpus), peak
+        wall, cpu = median_ms(step, 2, args.reps)
+        return wall, cpu, allocator_peak_above_start(step)
 
     def report(method, result):
         print(f"RESULT {args.model} {method} {result[0]:.3f} {result[1]:.3f} {result[2]}",

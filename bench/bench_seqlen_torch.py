@@ -9,9 +9,9 @@ the profiler's allocation events: torch.profiler with profile_memory). Each step
 zero_grad(set_to_none=True) with the last step's gradients already freed, so gradients
 count in the step, as they do in kiln's."""
 import argparse
-import os
 import sys
-import time
+
+from torch_timing import allocator_peak_above_start, median_ms  # bench/
 
 
 def main():
@@ -55,34 +55,12 @@ def main():
         opt.step()
         return loss.item()
 
-    for _ in range(2):
-        step()
-    walls, cpus = [], []
-    for _ in range(args.reps):
-        w, c = time.perf_counter(), time.process_time()
-        step()
-        walls.append((time.perf_counter() - w) * 1e3)
-        cpus.append((time.process_time() - c) * 1e3)
-
-    import json
-    import tempfile
+    wall, cpu = median_ms(step, 2, args.reps)
     # Gradients are freed before the profiled step, as kiln's steps free theirs at the end:
     # a free of a block allocated before profiling would not be reported.
     opt.zero_grad(set_to_none=True)
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU],
-                                profile_memory=True) as prof:
-        step()
-    with tempfile.NamedTemporaryFile(suffix=".json") as f:
-        prof.export_chrome_trace(f.name)
-        events = json.load(open(f.name))["traceEvents"]
-    held = peak = 0
-    for ev in sorted((e for e in events if e.get("name") == "[memory]"), key=lambda e: e["ts"]):
-        if ev["args"].get("Device Type", 0) != 0:
-            continue
-        held += ev["args"]["Bytes"]
-        peak = max(peak, held)
-    med = lambda v: sorted(v)[len(v) // 2]
-    print(f"RESULT {med(walls):.3f} {med(cpus):.3f} {peak}", flush=True)
+    peak = allocator_peak_above_start(step)
+    print(f"RESULT {wall:.3f} {cpu:.3f} {peak}", flush=True)
     return 0
 
 
