@@ -142,8 +142,19 @@ Times per_kilotoken(Times t, int64_t seq) {
 int main(int argc, char** argv) {
   example::Flags flags = bench_flags(
       "bench_seqlen", "Sequence 512 in the memory PyTorch eager needs at 128: a 6-layer encoder.");
+  flags.add("attention", "auto",
+            "attention kernels of kiln's steps: auto (flash under the budget), math or flash");
   flags.note("environment: KILN_BENCH_SEQLEN_REPS (timed steps, default 3)");
   if (std::optional<int> code = parse_or_exit(flags, argc, argv)) return *code;
+  const std::string attention = flags.str("attention");
+  if (attention != "auto" && attention != "math" && attention != "flash") {
+    std::fprintf(stderr, "bench_seqlen: --attention expects auto, math or flash, got '%s'\n",
+                 attention.c_str());
+    return 2;
+  }
+  nn::SDPBackendGuard backend(attention == "math"    ? nn::SDPBackend::Math
+                              : attention == "flash" ? nn::SDPBackend::Flash
+                                                     : nn::SDPBackend::Auto);
   Results results(flags.str("json"));
   const int reps = env_int("KILN_BENCH_SEQLEN_REPS", 3);
 
