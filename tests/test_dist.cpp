@@ -284,6 +284,42 @@ static std::unique_ptr<optim::Optimizer> adam_shards(std::vector<Tensor> ps) {
 
 // Stage 1 from the parameters (gradients averaged elsewhere: one rank, so nothing to do) and
 // stage 2 from a DataParallel, whose backward() then reduces into the shard.
+// Under AMP a bfloat16 model's optimizer keeps float32 master weights: under ZeRO they are
+// part of the sharded state (one flat bfloat16 block per rank, its master beside it).
+TEST_CASE("dist: ZeRO shards float32 master weights of bfloat16 parameters", "[dist]") {
+  manual_seed(13);
+  nn::Linear plain(4, 3);
+  plain.to(DType::BFloat16);
+  manual_seed(13);
+  nn::Linear sharded(4, 3);
+  sharded.to(DType::BFloat16);
+  const optim::AdamOptions options{.lr = 0.01, .master_weights = true};
+  optim::Adam full(plain.parameters(), options);
+  dist::ZeroRedundancyOptimizer zero(sharded.parameters(), [&](std::vector<Tensor> ps) {
+    return std::make_unique<optim::Adam>(std::move(ps), options);
+  });
+  Tensor x = randn({6, 4}).to(DType::BFloat16);
+  for (int step = 0; step < 3; ++step) {
+    full.zero_grad();
+    zero.zero_grad();
+    sum(plain.forward(x) * plain.forward(x)).backward();
+    sum(sharded.forward(x) * sharded.forward(x)).backward();
+    full.step();
+    zero.step();
+  }
+  // Elementwise updates of the same values: the same bits, flat or per parameter.
+  CHECK(plain.weight.to_vector<float>() == sharded.weight.to_vector<float>());
+  CHECK(plain.bias.to_vector<float>() == sharded.bias.to_vector<float>());
+  size_t master = 0;
+  for (const auto& [name, t] : zero.local()->state_dict()) {
+    if (name.find("master") != std::string::npos) {
+      CHECK(t.dtype() == DType::Float32);
+      master += t.node()->nbytes();
+    }
+  }
+  CHECK(master == (12 + 3) * sizeof(float));  // one rank: the whole flat block's master
+}
+
 TEST_CASE("dist: ZeRO in one process holds one flat block and steps like its optimizer", "[dist]") {
   for (int stage : {1, 2}) {
     CAPTURE(stage);
