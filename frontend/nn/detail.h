@@ -40,6 +40,25 @@ inline void require_same_dtype(const Tensor& x, const Tensor& other, const std::
   }
 }
 
+/// Throws DTypeError/ShapeError unless q [..., L, E], k [..., S, E] and v [..., S, Ev] are
+/// floating tensors of one dtype with equal leading dimensions (attention's operands).
+inline void require_attention_operands(const Tensor& q, const Tensor& k, const Tensor& v,
+                                       const std::string& op) {
+  require_floating(q, op, "query");
+  require_same_dtype(q, k, op, "key");
+  require_same_dtype(q, v, op, "value");
+  bool ok = q.ndim() >= 2 && k.ndim() == q.ndim() && v.ndim() == q.ndim();
+  for (int d = 0; ok && d < q.ndim() - 2; ++d)
+    ok = q.shape()[d] == k.shape()[d] && q.shape()[d] == v.shape()[d];
+  ok = ok && q.size(-1) == k.size(-1) && k.size(-2) == v.size(-2);
+  if (!ok) {
+    throw ShapeError("[" + op +
+                     "] expected query [..., L, E], key [..., S, E] and value [..., S, Ev] with "
+                     "equal leading dimensions, got " +
+                     describe(q) + ", " + describe(k) + " and " + describe(v));
+  }
+}
+
 /// A layer's input must be a defined floating tensor of its parameters' dtype; inside an
 /// autocast scope, a float32 or half input of float32 or half parameters (the layer's ops
 /// bring both to the dtype their autocast list gives).

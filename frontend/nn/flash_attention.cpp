@@ -137,19 +137,7 @@ namespace functional {
 Tensor flash_attention(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in,
                        const Tensor& attn_mask, bool is_causal, std::optional<double> scale) {
   const char* op = "flash_attention";
-  detail::require_floating(q_in, op, "query");
-  detail::require_same_dtype(q_in, k_in, op, "key");
-  detail::require_same_dtype(q_in, v_in, op, "value");
-  bool ok = q_in.ndim() >= 2 && k_in.ndim() == q_in.ndim() && v_in.ndim() == q_in.ndim();
-  for (int d = 0; ok && d < q_in.ndim() - 2; ++d)
-    ok = q_in.shape()[d] == k_in.shape()[d] && q_in.shape()[d] == v_in.shape()[d];
-  ok = ok && q_in.size(-1) == k_in.size(-1) && k_in.size(-2) == v_in.size(-2);
-  if (!ok) {
-    throw ShapeError(
-        "[flash_attention] expected query [..., L, E], key [..., S, E] and value [..., S, Ev] "
-        "with equal leading dimensions, got " +
-        detail::describe(q_in) + ", " + detail::describe(k_in) + " and " + detail::describe(v_in));
-  }
+  detail::require_attention_operands(q_in, k_in, v_in, op);
   const Shape lead(q_in.shape().begin(), q_in.shape().end() - 2);
   const int64_t l = q_in.size(-2), s = k_in.size(-2), e = q_in.size(-1), ev = v_in.size(-1);
   if (q_in.device().is_cuda() && (e > kCudaMaxHead || ev > kCudaMaxHead)) {

@@ -43,6 +43,7 @@ namespace functional {
 namespace {
 
 using detail::describe;
+using detail::require_attention_operands;
 using detail::require_defined;
 using detail::require_floating;
 using detail::require_same_dtype;
@@ -769,19 +770,7 @@ Tensor scaled_dot_product_attention(const Tensor& q_in, const Tensor& k_in, cons
   require_defined(q, op, "query");
   require_defined(k, op, "key");
   require_defined(v, op, "value");
-  require_floating(q, op, "query");
-  require_same_dtype(q, k, op, "key");
-  require_same_dtype(q, v, op, "value");
-  bool ok = q.ndim() >= 2 && k.ndim() == q.ndim() && v.ndim() == q.ndim();
-  for (int d = 0; ok && d < q.ndim() - 2; ++d)
-    ok = q.shape()[d] == k.shape()[d] && q.shape()[d] == v.shape()[d];
-  ok = ok && q.size(-1) == k.size(-1) && k.size(-2) == v.size(-2);
-  if (!ok) {
-    throw ShapeError(
-        "[scaled_dot_product_attention] expected query [..., L, E], key [..., S, E] and value "
-        "[..., S, Ev] with equal leading dimensions, got " +
-        describe(q) + ", " + describe(k) + " and " + describe(v));
-  }
+  require_attention_operands(q, k, v, op);
   const int64_t l = q.size(-2), s = k.size(-2);
   if (attn_mask.defined()) {
     Shape want(q.shape().begin(), q.shape().end() - 2);
