@@ -33,6 +33,10 @@ enum class StoreHint : uint8_t {
   /// reads that cost more to rebuild than to keep (an LSTM's gates). Under a budget they
   /// are inlined again, so the planner releases what they are computed from, as before.
   Unbudgeted,
+  /// Stored only where a memory budget applies: a value whose inputs the backward pass would
+  /// otherwise keep, larger together (an LSTM's summed gate pre-activations, stored under a
+  /// budget so that both products die in the forward pass).
+  Budgeted,
 };
 
 struct Node : std::enable_shared_from_this<Node> {

@@ -87,12 +87,18 @@ bool pass_disabled(const char* pass) {
 }
 
 bool StoreHints::stored(const Node& n) {
-  if (n.store_hint != StoreHint::Unbudgeted) return n.store_hint == StoreHint::Always;
-  for (const auto& [device, budgeted] : budgeted_)
-    if (device == n.device) return !budgeted;
-  const bool budgeted = memory::budget(n.device) > 0;
-  budgeted_.emplace_back(n.device, budgeted);
-  return !budgeted;
+  if (n.store_hint == StoreHint::None || n.store_hint == StoreHint::Always)
+    return n.store_hint == StoreHint::Always;
+  bool budgeted = false;
+  auto known = std::find_if(budgeted_.begin(), budgeted_.end(),
+                            [&](const auto& entry) { return entry.first == n.device; });
+  if (known != budgeted_.end()) {
+    budgeted = known->second;
+  } else {
+    budgeted = memory::budget(n.device) > 0;
+    budgeted_.emplace_back(n.device, budgeted);
+  }
+  return n.store_hint == StoreHint::Budgeted ? budgeted : !budgeted;
 }
 
 FusionPlan fuse(const std::vector<Node*>& schedule, const std::unordered_set<Node*>& outputs) {

@@ -44,8 +44,9 @@ struct FusionPlan {
 /// (KILN_DISABLE_ACCUMULATE=1 keeps the add separate).
 FusionPlan fuse(const std::vector<Node*>& schedule, const std::unordered_set<Node*>& outputs);
 
-/// Which store hints fusion honours in one evaluation: StoreHint::Always, and
-/// StoreHint::Unbudgeted while the node's device has no memory budget (memory/pools/budget.h).
+/// Which store hints fusion honours in one evaluation: StoreHint::Always, StoreHint::Unbudgeted
+/// while the node's device has no memory budget (memory/pools/budget.h), and
+/// StoreHint::Budgeted while it has one.
 /// Each device's budget is read once per object: the plan cache's signature asks for every
 /// node of every evaluation.
 class StoreHints {

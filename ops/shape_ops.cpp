@@ -409,10 +409,14 @@ namespace detail {
 
 Tensor store_hint(const Tensor& x, StoreHint hint) {
   // A fill is a literal in every kernel that reads it: storing it would only cost a pass.
-  // The stronger hint wins when two callers hint the same value.
-  if (x.defined() && !x.node()->is_evaluated() && x.node()->op != OpCode::Full &&
-      x.node()->store_hint != StoreHint::Always)
-    x.node()->store_hint = hint;
+  // The stronger hint wins when two callers hint the same value; stored with a budget and
+  // without one is stored always.
+  if (!x.defined() || x.node()->is_evaluated() || x.node()->op == OpCode::Full) return x;
+  StoreHint& now = x.node()->store_hint;
+  if (now == StoreHint::None || hint == StoreHint::Always)
+    now = hint;
+  else if (now != hint && hint != StoreHint::None)
+    now = StoreHint::Always;
   return x;
 }
 

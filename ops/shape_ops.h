@@ -66,7 +66,8 @@ Tensor scatter_add(const Tensor& x, int64_t axis, const Tensor& index, const Ten
 namespace detail {
 
 /// Asks fusion to store x's pending value rather than inline it into its consumers
-/// (Node::store_hint; StoreHint::Unbudgeted only where no memory budget applies); returns x.
+/// (Node::store_hint; StoreHint::Unbudgeted only where no memory budget applies,
+/// StoreHint::Budgeted only where one does); returns x.
 /// Results do not change; an evaluated x is left as it is.
 Tensor store_hint(const Tensor& x, StoreHint hint = StoreHint::Always);
 /// concat(pieces, axis) of any number of pieces as a balanced tree of joins of two, every

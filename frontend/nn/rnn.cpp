@@ -10,7 +10,6 @@
 
 #include <cmath>
 
-#include "../../memory/pools/budget.h"
 #include "../../ops/linalg.h"
 #include "../../ops/shape_ops.h"
 #include "../../ops/sources.h"
@@ -245,9 +244,8 @@ LSTMOutput LSTM::forward(const Tensor& input, const Tensor& h0, const Tensor& c0
       // pass read both products to rebuild them, keeping two [B, 4H] values per step. The
       // summed pre-activations are stored instead: one [B, 4H] value, and the products die
       // in the forward pass (docs/benchmarks.md has what it saves). Whether a budget applies
-      // is read when the step is built, since a store hint is fixed per node; a budget set
-      // between building and evaluating changes only what is stored, never the results.
-      if (memory::budget(gates.device()) > 0) gates = kiln::detail::store_hint(gates);
+      // is decided per evaluation, by fusion (StoreHint::Budgeted).
+      gates = kiln::detail::store_hint(gates, StoreHint::Budgeted);
       // Where no memory budget applies the gates are stored: the backward reads them
       // (sigmoid' = s(1 - s), tanh' = 1 - t^2) and so does the cell update, and recomputing
       // them per reader re-read both products and the biases and ran the exponentials again
