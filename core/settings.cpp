@@ -73,6 +73,10 @@ const std::vector<Variable> kVariables = {
      "store a value computed from sources alone (a dropout mask) when several kernels read it, "
      "instead of regenerating it in each",
      W::PerProcess},
+    {"KILN_DISABLE_INLINE_REBUILD", "1/true/on/yes or 0/false/off/no",
+     "rebuild a released value only with its own kernel, never inside the kernel that reads it "
+     "(a fused rebuild of an elementwise value under a memory budget)",
+     W::PerProcess},
     {"KILN_DISABLE_PLAN_CACHE", "1/true/on/yes or 0/false/off/no",
      "re-plan every evaluation instead of replaying a cached plan", W::PerProcess},
     {"KILN_DISABLE_REPLAY", "1/true/on/yes or 0/false/off/no",

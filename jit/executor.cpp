@@ -1074,7 +1074,9 @@ void run_plan(const std::vector<Node*>& schedule, const std::vector<Node*>& requ
   }
   run_with_memory_plan(
       plan.fused.plan, plan.outputs, schedule, plan.simplified.schedule, [&](const FusionGroup& g) {
-        Launch* launch = cached ? &cached->launches.at(static_cast<size_t>(g.index)) : nullptr;
+        // A fused rebuild's group (index -1) is lowered for its run: it has no launch.
+        Launch* launch =
+            cached && g.index >= 0 ? &cached->launches.at(static_cast<size_t>(g.index)) : nullptr;
         run_group(g, launch, positions, simplified);
         if (!listener) return;
         if (auto it = announce.find(g.root); it != announce.end() && g.root->buffer) {

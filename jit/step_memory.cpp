@@ -136,6 +136,71 @@ void list_in_place_candidates(StepTables& t, const Schedule& groups) {
   }
 }
 
+// Whether `group` is a generated kernel of elementwise and reindex members only (no
+// reduction, library call, transfer or user kernel): what a reader can compute inside itself.
+bool elementwise_group(const FusionGroup& g) {
+  if (g.library) return false;
+  for (const Node* m : g.members) {
+    const OpFamily f = op_family(m->op);
+    if (f != OpFamily::Elementwise && f != OpFamily::Reindex && f != OpFamily::Source) return false;
+  }
+  return true;
+}
+
+// Whether generated kernel `reader` may compute its input `v` itself: it reads v only at
+// its own coordinates or fewer (never through a widening reindex, which would repeat the
+// work per output, nor as an index tensor), and v rounds to nothing on being stored (a
+// half-precision value computed inline would keep float32 bits the stored one drops).
+bool can_compute_inside(const FusionGroup& reader, const Node* v) {
+  if (reader.library || reader.root->op == OpCode::Transfer || reader.root->op == OpCode::Custom)
+    return false;
+  if (v->dtype == DType::Float16 || v->dtype == DType::BFloat16) return false;
+  for (const Node* m : reader.members) {
+    const OpFamily f = op_family(m->op);
+    if (f == OpFamily::Transfer || f == OpFamily::Custom) return false;
+    for (size_t i = 0; i < m->inputs.size(); ++i) {
+      if (m->inputs[i].get() != v) continue;
+      if (i > 0 && (f == OpFamily::Reindex || f == OpFamily::ReindexReduce)) return false;
+      if (f == OpFamily::Reindex && m->numel() > v->numel()) return false;
+    }
+  }
+  return true;
+}
+
+// Lists, per generated kernel on the CPU, the inputs it may rebuild inside itself (fused
+// rebuilds, memory::InlineInput): made by an elementwise kernel on the same device, read as
+// can_compute_inside allows. The share of the producer's cost charged for it is the traffic
+// the fused kernel adds (the producer's inputs it does not read already, less the value it
+// no longer reads) over the producer's own (its inputs and its output), and at least a
+// quarter for the arithmetic. KILN_DISABLE_INLINE_REBUILD=1 lists none.
+void list_inline_inputs(StepTables& t, const Schedule& groups) {
+  if (t.device.is_cuda() || pass_disabled("INLINE_REBUILD")) return;
+  std::vector<char> elementwise(groups.size(), 0);
+  for (size_t k = 0; k < groups.size(); ++k)
+    elementwise[k] = groups[k]->root->device == t.device && elementwise_group(*groups[k]);
+  for (size_t k = 0; k < groups.size(); ++k) {
+    const FusionGroup& g = *groups[k];
+    if (g.root->device != t.device) continue;
+    PlanKernel& pk = t.graph.kernels[k];
+    for (int v : pk.inputs) {
+      const PlanValue& pv = t.graph.values[static_cast<size_t>(v)];
+      if (pv.producer < 0 || pv.output || !elementwise[static_cast<size_t>(pv.producer)]) continue;
+      const Node* value = t.nodes[static_cast<size_t>(v)];
+      if (!can_compute_inside(g, value)) continue;
+      const FusionGroup& producer = *groups[static_cast<size_t>(pv.producer)];
+      double read = 0, added = 0;
+      for (const Node* in : producer.inputs) {
+        read += static_cast<double>(in->nbytes());
+        if (std::find(g.inputs.begin(), g.inputs.end(), in) == g.inputs.end())
+          added += static_cast<double>(in->nbytes());
+      }
+      const double own = static_cast<double>(value->nbytes());
+      const double share = std::max((added - own) / std::max(read + own, 1.0), 0.25);
+      pk.inline_inputs.push_back({v, std::min(share, 1.0)});
+    }
+  }
+}
+
 StepTables build_tables(const Schedule& groups, const std::unordered_set<Node*>& outputs,
                         const std::vector<Node*>& original, const std::vector<Node*>& simplified) {
   StepTables t;
@@ -208,6 +273,7 @@ StepTables build_tables(const Schedule& groups, const std::unordered_set<Node*>&
   }
 
   list_in_place_candidates(t, groups);
+  list_inline_inputs(t, groups);
   memory::assign_in_place(t.graph);
   t.graph.start_bytes = pool_of(t.device).allocated();
   return t;
@@ -292,7 +358,8 @@ class JitMachine final : public memory::StepMachine {
     return n->device == t_.device ? pool_.block_size_for(n->nbytes()) : 0;
   }
 
-  void run(int k, bool recompute, bool in_place) override {
+  void run(int k, bool recompute, bool in_place, const std::vector<int>& inlined) override {
+    if (!inlined.empty()) return run_fused(k, inlined);
     const FusionGroup& g = *groups_[static_cast<size_t>(k)];
     const PlanKernel& pk = graph_.kernels[static_cast<size_t>(k)];
     Node* donor = in_place ? t_.nodes[static_cast<size_t>(pk.in_place_input)] : nullptr;
@@ -334,6 +401,50 @@ class JitMachine final : public memory::StepMachine {
       events_.push_back({recompute ? StepEvent::Kind::Recompute : StepEvent::Kind::Run, k,
                          pk.output, graph_.values[static_cast<size_t>(pk.output)].bytes,
                          pool_.allocated(), reused || (donor != nullptr), start, us()});
+  }
+
+  // Kernel k with the kernels `inlined` computed inside it (a fused rebuild): one group
+  // whose members are theirs and k's, reading what they read. Its time is not recorded as
+  // k's (it is another kernel, compiled on its first run).
+  void run_fused(int k, const std::vector<int>& inlined) {
+    const FusionGroup& g = *groups_[static_cast<size_t>(k)];
+    const PlanKernel& pk = graph_.kernels[static_cast<size_t>(k)];
+    follow_plan(k);
+    FusionGroup fused;
+    fused.root = g.root;
+    std::unordered_set<Node*> members, computed;
+    for (int p : inlined) {
+      const FusionGroup& from = *groups_[static_cast<size_t>(p)];
+      computed.insert(from.root);
+      ++rebuilds_[static_cast<size_t>(graph_.kernels[static_cast<size_t>(p)].output)];
+      for (Node* m : from.members)
+        if (members.insert(m).second) fused.members.push_back(m);
+    }
+    for (Node* m : g.members)
+      if (members.insert(m).second) fused.members.push_back(m);
+    auto read = [&](Node* in) {
+      if (!computed.count(in) &&
+          std::find(fused.inputs.begin(), fused.inputs.end(), in) == fused.inputs.end())
+        fused.inputs.push_back(in);
+    };
+    for (Node* in : g.inputs) read(in);
+    for (int p : inlined)
+      for (Node* in : groups_[static_cast<size_t>(p)]->inputs) read(in);
+    const bool placed = place_in_arena(k, g);
+    in_arena_[static_cast<size_t>(pk.output)] = placed;
+    ++runs_[static_cast<size_t>(k)];
+    ++inlined_runs_;
+    const double start = us();
+    try {
+      run_(fused);
+    } catch (...) {
+      if (placed) g.root->buffer.reset();
+      throw;
+    }
+    if (record_)
+      events_.push_back({StepEvent::Kind::Run, k, pk.output,
+                         graph_.values[static_cast<size_t>(pk.output)].bytes, pool_.allocated(),
+                         false, start, us()});
   }
 
   void release(int v, bool evict) override {
@@ -409,7 +520,7 @@ class JitMachine final : public memory::StepMachine {
   bool strayed_ = false;  // a run that was not the plan's next one happened
   size_t arena_values_ = 0, arena_misses_ = 0;
   std::vector<double> seconds_;  // per kernel, its first run (compile time included)
-  size_t in_place_ = 0, donated_ = 0, released_leaves_ = 0;
+  size_t in_place_ = 0, donated_ = 0, released_leaves_ = 0, inlined_runs_ = 0;
   std::vector<int> in_place_kernels_;
 };
 
@@ -598,6 +709,7 @@ void run_with_memory_plan(const FusionPlan& plan, const std::unordered_set<Node*
   s.donated = machine.donated_;
   s.released_leaves = machine.released_leaves_;
   s.recomputes = done.recomputes;
+  s.inlined = done.inlined;
   s.evictions = done.evictions;
   s.evicted_bytes = done.evicted_bytes;
   // Without a budget every eviction is a checkpoint's, none the fallback's.

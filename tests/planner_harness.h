@@ -43,6 +43,7 @@ using kiln::memory::evictions_past_gaps;
 using kiln::memory::execute_step;
 using kiln::memory::extra_work_floor;
 using kiln::memory::fit_to_budget;
+using kiln::memory::InlineInput;
 using kiln::memory::load_step_graph;
 using kiln::memory::lower_bound;
 using kiln::memory::order_name;
@@ -176,6 +177,8 @@ inline std::string render(const PlanAction& a) {
       return "F" + std::to_string(a.id);
     case Kind::Evict:
       return "E" + std::to_string(a.id);
+    case Kind::Inline:
+      return "I" + std::to_string(a.id);
   }
   return "?";
 }
@@ -192,7 +195,7 @@ inline std::string render(const std::vector<PlanAction>& actions) {
 struct ReplayResult {
   std::string error;  ///< The first violation, or empty.
   size_t peak = 0;
-  size_t recomputes = 0, evictions = 0, evicted_bytes = 0;
+  size_t recomputes = 0, evictions = 0, evicted_bytes = 0, inlined = 0;
   double extra_cost = 0;
 };
 
@@ -217,8 +220,31 @@ inline ReplayResult replay(const StepGraph& g, const RecomputePlan& plan, size_t
     if (r.error.empty())
       r.error = "action " + std::to_string(i) + " (" + render(plan.actions[i]) + "): " + why;
   };
+  // Values the next Run computes inside itself (Inline actions), with their symbolic value.
+  std::vector<std::pair<int, uint64_t>> inlined;
   for (size_t i = 0; i < plan.actions.size() && r.error.empty(); ++i) {
     const PlanAction& a = plan.actions[i];
+    if (a.kind == Kind::Inline) {
+      if (a.id < 0 || a.id >= nk) {
+        fail(i, "no such kernel");
+        break;
+      }
+      const PlanKernel& p = g.kernels[static_cast<size_t>(a.id)];
+      if (a.id >= next_run) fail(i, "Inline of a kernel that has not run yet");
+      if (!p.recomputable) fail(i, "Inline of a non-recomputable kernel");
+      if (i + 1 >= plan.actions.size() || (plan.actions[i + 1].kind != Kind::Run &&
+                                           plan.actions[i + 1].kind != Kind::Inline))
+        fail(i, "Inline not followed by the Run that computes it");
+      std::vector<uint64_t> ins;
+      for (int in : p.inputs) {
+        if (!resident[static_cast<size_t>(in)])
+          fail(i, "inlines a kernel whose input " + std::to_string(in) + " is not resident");
+        ins.push_back(hash[static_cast<size_t>(in)]);
+      }
+      inlined.push_back({p.output, kernel_hash(a.id, ins)});
+      ++r.inlined;
+      continue;
+    }
     if (a.kind == Kind::Run || a.kind == Kind::Recompute) {
       if (a.id < 0 || a.id >= nk) {
         fail(i, "no such kernel");
@@ -236,12 +262,30 @@ inline ReplayResult replay(const StepGraph& g, const RecomputePlan& plan, size_t
         ++r.recomputes;
         r.extra_cost += k.cost;
       }
+      if (a.kind == Kind::Recompute && !inlined.empty()) fail(i, "Inline before a Recompute");
       std::vector<uint64_t> ins;
+      size_t fused_reads = 0;
       for (int in : k.inputs) {
+        auto fused = std::find_if(inlined.begin(), inlined.end(),
+                                  [&](const auto& f) { return f.first == in; });
+        if (fused != inlined.end()) {
+          const auto f = std::find_if(k.inline_inputs.begin(), k.inline_inputs.end(),
+                                      [&](const InlineInput& x) { return x.value == in; });
+          if (f == k.inline_inputs.end())
+            fail(i, "computes value " + std::to_string(in) + " inside, not an inline input");
+          else
+            r.extra_cost += f->share * g.kernels[static_cast<size_t>(
+                                           g.values[static_cast<size_t>(in)].producer)].cost;
+          ins.push_back(fused->second);
+          ++fused_reads;
+          continue;
+        }
         if (!resident[static_cast<size_t>(in)])
           fail(i, "reads value " + std::to_string(in) + ", which is not resident");
         ins.push_back(hash[static_cast<size_t>(in)]);
       }
+      if (fused_reads != inlined.size()) fail(i, "an Inline the Run does not read");
+      inlined.clear();
       const size_t out = static_cast<size_t>(k.output);
       if (resident[out]) fail(i, "writes value " + std::to_string(out) + ", already resident");
       if (a.kind == Kind::Run && made[out]) fail(i, "first Run of an already made value");
@@ -313,7 +357,7 @@ inline ReplayResult replay(const StepGraph& g, const RecomputePlan& plan, size_t
     r.error = "feasible plan with peak " + std::to_string(plan.peak) + " above the budget " +
               std::to_string(budget);
   else if (r.recomputes != plan.recomputes || r.evictions != plan.evictions ||
-           r.evicted_bytes != plan.evicted_bytes)
+           r.evicted_bytes != plan.evicted_bytes || r.inlined != plan.inlined)
     r.error = "plan counts (recomputes, evictions, evicted bytes) disagree with its actions";
   else if (std::abs(r.extra_cost - plan.extra_cost) > 1e-9 * (1 + r.extra_cost))
     r.error = "plan.extra_cost disagrees with its Recompute actions";

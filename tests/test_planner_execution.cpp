@@ -25,12 +25,23 @@ class FakeMachine : public StepMachine {
   }
   size_t in_use() override { return used_; }
   size_t bytes_for(int v) override { return g_.values[static_cast<size_t>(v)].bytes + slack_; }
-  void run(int k, bool recompute, bool in_place) override {
+  void run(int k, bool recompute, bool in_place, const std::vector<int>& inlined) override {
+    for (int p : inlined) {
+      calls.push_back({Kind::Inline, p});
+      for (int in : g_.kernels[static_cast<size_t>(p)].inputs)
+        if (!live_[static_cast<size_t>(in)] && error.empty())
+          error = "kernel " + std::to_string(k) + " computes kernel " + std::to_string(p) +
+                  "'s output without value " + std::to_string(in);
+    }
     calls.push_back({recompute ? Kind::Recompute : Kind::Run, k, in_place});
     const PlanKernel& kernel = g_.kernels[static_cast<size_t>(k)];
-    for (int in : kernel.inputs)
-      if (!live_[static_cast<size_t>(in)] && error.empty())
+    for (int in : kernel.inputs) {
+      const bool fused = std::any_of(inlined.begin(), inlined.end(), [&](int p) {
+        return g_.kernels[static_cast<size_t>(p)].output == in;
+      });
+      if (!live_[static_cast<size_t>(in)] && !fused && error.empty())
         error = "kernel " + std::to_string(k) + " ran without value " + std::to_string(in);
+    }
     const size_t out = static_cast<size_t>(kernel.output);
     max_planned = std::max(max_planned, used_ + (in_place ? 0 : g_.values[out].bytes));
     if (in_place) {

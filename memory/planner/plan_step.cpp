@@ -104,6 +104,7 @@ uint64_t hash_key(const StepGraph& g, size_t budget, size_t tail, double reserve
     mix(static_cast<uint64_t>(k.output)), mix(static_cast<uint64_t>(k.in_place_input));
     mix(static_cast<uint64_t>(k.region)), mix(k.cost);
     for (int in : k.inputs) mix(static_cast<uint64_t>(in));
+    for (const InlineInput& f : k.inline_inputs) mix(static_cast<uint64_t>(f.value)), mix(f.share);
   }
   return mix.h;
 }

@@ -91,9 +91,13 @@ class Engine {
       for (int r : ran_here_) runs_here_[static_cast<size_t>(r)] = 0;
       ran_here_.clear();
       missing_.clear();
+      inlined_.clear();
+      inline_locks_.clear();
       for (int in : k.inputs) {
         if (resident_[static_cast<size_t>(in)])
           ++lock_[static_cast<size_t>(in)];
+        else if (inline_share(k, in) >= 0 && producer_inputs_resident(in))
+          inline_input(in);
         else
           missing_.push_back(in);
       }
@@ -125,9 +129,13 @@ class Engine {
                    dv.bytes == g_.values[static_cast<size_t>(k.output)].bytes;
       }
       if (!execute(p_, false, in_place) && !machine_) return finish();
-      for (int in : k.inputs) --lock_[static_cast<size_t>(in)];
+      for (int in : k.inputs)
+        if (std::find(inlined_.begin(), inlined_.end(), in) == inlined_.end())
+          --lock_[static_cast<size_t>(in)];
+      for (int in : inline_locks_) --lock_[static_cast<size_t>(in)];
       for (int in : k.inputs) refresh_next(in);
       for (int in : k.inputs) after_read(in);
+      for (int in : inline_locks_) after_read(in);
       after_read(k.output);
     }
     return finish();
@@ -146,6 +154,39 @@ class Engine {
     auto it = std::lower_bound(u.begin(), u.end(), from);
     return it == u.end() ? kNever : *it;
   }
+  // The share of its producer's cost at which kernel `k` computes input v itself, or -1
+  // when it cannot (InlineInput).
+  static double inline_share(const PlanKernel& k, int v) {
+    for (const InlineInput& f : k.inline_inputs)
+      if (f.value == v) return f.share;
+    return -1;
+  }
+  bool producer_inputs_resident(int v) const {
+    const int producer = g_.values[static_cast<size_t>(v)].producer;
+    if (producer < 0 || !g_.kernels[static_cast<size_t>(producer)].recomputable) return false;
+    for (int in : g_.kernels[static_cast<size_t>(producer)].inputs)
+      if (!resident_[static_cast<size_t>(in)]) return false;
+    return true;
+  }
+  // Kernel p_ computes missing input v itself: what v's producer reads stays resident (and
+  // locked) until p_ has run, and v is never allocated.
+  void inline_input(int v) {
+    inlined_.push_back(v);
+    for (int in :
+         g_.kernels[static_cast<size_t>(g_.values[static_cast<size_t>(v)].producer)].inputs) {
+      ++lock_[static_cast<size_t>(in)];
+      inline_locks_.push_back(in);
+    }
+  }
+  // What rebuilding v inside its reader at `next` costs, when that reader can and what v's
+  // producer reads is resident now; -1 otherwise.
+  double inline_cost(int v, int next) const {
+    if (next == kNever) return -1;
+    const double share = inline_share(g_.kernels[static_cast<size_t>(next)], v);
+    if (share < 0 || !producer_inputs_resident(v)) return -1;
+    return share * g_.kernels[static_cast<size_t>(g_.values[static_cast<size_t>(v)].producer)].cost;
+  }
+
   bool evictable(int v) const {
     const PlanValue& pv = g_.values[static_cast<size_t>(v)];
     return pv.producer >= 0 && !pv.output && pv.bytes > 0 &&
@@ -296,8 +337,9 @@ class Engine {
     for (auto [next, v] : sample_) {
       if (next != kNever && next > horizon_[static_cast<size_t>(v)]) continue;
       const double span = span_of(v, next);
-      const double own =
-          g_.kernels[static_cast<size_t>(g_.values[static_cast<size_t>(v)].producer)].cost;
+      double own = g_.kernels[static_cast<size_t>(g_.values[static_cast<size_t>(v)].producer)].cost;
+      // A value its next reader can rebuild inside itself costs that reader's share only.
+      if (const double fused = inline_cost(v, next); fused >= 0) own = std::min(own, fused);
       ranked_.push_back({next == kNever ? -1.0 : own / span, next, v});
     }
     // A heap, not a sort: the walk usually stops after a few candidates, and sorting every
@@ -322,7 +364,8 @@ class Engine {
         score = -1;  // read by nothing ahead: releasing it costs nothing
       } else {
         const double span = span_of(v, r.next);
-        double cost = rebuild_cost(v, best < 0 ? kUnrebuildable : best_score * span);
+        double cost = inline_cost(v, r.next);
+        if (cost < 0) cost = rebuild_cost(v, best < 0 ? kUnrebuildable : best_score * span);
         if (cost == kUnrebuildable) continue;
         score = cost / span;
       }
@@ -410,11 +453,23 @@ class Engine {
       fail(over_cap());
       if (!machine_) return false;
     }
+    // Values this run rebuilds inside itself (only a kernel's own run, never a rebuild, has
+    // them): charged at their share of the producer's cost.
+    inline_kernels_.clear();
+    if (!recompute)
+      for (int v : inlined_) {
+        const int producer = g_.values[static_cast<size_t>(v)].producer;
+        inline_kernels_.push_back(producer);
+        plan_.actions.push_back({PlanAction::Kind::Inline, producer});
+        ++plan_.inlined;
+        plan_.extra_cost +=
+            inline_share(kernel, v) * g_.kernels[static_cast<size_t>(producer)].cost;
+      }
     plan_.actions.push_back(
         {recompute ? PlanAction::Kind::Recompute : PlanAction::Kind::Run, k, in_place});
     if (recompute) ++plan_.recomputes, plan_.extra_cost += kernel.cost;
     if (machine_) {
-      machine_->run(k, recompute, in_place);
+      machine_->run(k, recompute, in_place, inline_kernels_);
       peak_ = std::max(peak_, machine_->in_use());
     } else {
       cur_ += need;
@@ -498,6 +553,9 @@ class Engine {
   std::vector<std::vector<int>> uses_;
   std::vector<char> resident_;
   std::vector<int> lock_, pos_, cand_, next_, horizon_, stack_, missing_, temps_;
+  // Kernel p_'s inputs it rebuilds inside itself, the inputs locked for them (what their
+  // producers read, once per read), and those producers (the machine's list).
+  std::vector<int> inlined_, inline_locks_, inline_kernels_;
   std::set<std::pair<int, int>> by_next_;  // (next use, value) of the candidates
   std::vector<uint32_t> kstamp_;
   uint32_t stamp_ = 0;
@@ -544,7 +602,11 @@ size_t lower_bound(const StepGraph& g, int* at_kernel) {
     size_t working = out.bytes;
     for (int in : k.inputs) {
       const PlanValue& pv = g.values[static_cast<size_t>(in)];
-      if (pv.producer >= 0 && !pv.output) working += pv.bytes;
+      // An input the kernel can compute itself need not be resident (what its producer
+      // reads must be, but that may be resident anyway: counting nothing keeps the bound).
+      const bool computable = std::any_of(k.inline_inputs.begin(), k.inline_inputs.end(),
+                                          [&](const InlineInput& f) { return f.value == in; });
+      if (pv.producer >= 0 && !pv.output && !computable) working += pv.bytes;
     }
     if (k.in_place_input >= 0 &&
         last[static_cast<size_t>(k.in_place_input)] == static_cast<int>(p)) {

@@ -22,6 +22,15 @@
 
 namespace kiln::memory {
 
+/// An input that a kernel can compute inside itself from what its producer reads, instead
+/// of reading it (a fused rebuild): the producer is elementwise, so a released value need
+/// not be made again on its own, in memory of its own, before this kernel reads it.
+struct InlineInput {
+  int value = -1;      ///< One of the kernel's inputs.
+  double share = 1.0;  ///< The fused kernel's extra time, as a share of the producer's cost.
+  bool operator==(const InlineInput&) const = default;
+};
+
 /// One kernel of the step as the planner sees it.
 struct PlanKernel {
   std::vector<int> inputs;   ///< Value ids read (distinct).
@@ -35,6 +44,9 @@ struct PlanKernel {
   /// caller knows which ones it reads only at the output's element. assign_in_place picks
   /// in_place_input among them for the order the kernels run in.
   std::vector<int> in_place_candidates = {};
+  /// Inputs this kernel can compute inside itself when they are not resident (see
+  /// InlineInput); empty where the caller knows of none.
+  std::vector<InlineInput> inline_inputs = {};
   /// Nonzero for values made inside kiln::checkpoint: released as soon as their next
   /// reader lies outside that checkpoint region, and rebuilt there.
   uint32_t region = 0;
@@ -78,6 +90,9 @@ struct PlanAction {
     Recompute,  ///< run kernel `id` again, to rebuild its output
     Free,       ///< value `id` is not read again: release it
     Evict,      ///< value `id` is released to make room; it is rebuilt before its next use
+    /// kernel `id`'s output is computed inside the Run that follows (a fused rebuild): it is
+    /// never allocated, and what kernel `id` reads stays resident through that Run
+    Inline,
   };
   Kind kind;
   int id;
@@ -143,8 +158,9 @@ struct RecomputePlan {
   size_t peak = 0;           ///< Highest bytes in use (simulated, or measured in execution).
   size_t lower_bound = 0;    ///< lower_bound(graph).
   double base_cost = 0;      ///< Σ cost of the kernels, once each.
-  double extra_cost = 0;     ///< Σ cost of the recomputations.
+  double extra_cost = 0;     ///< Σ cost of the recomputations (fused rebuilds at their share).
   size_t recomputes = 0;     ///< Recompute actions.
+  size_t inlined = 0;        ///< Inline actions (values rebuilt inside their reader).
   size_t evictions = 0;      ///< Evict actions.
   size_t evicted_bytes = 0;  ///< Σ bytes of evicted values.
   /// The evictions made to make room (not those of checkpoint regions), in order.
@@ -159,7 +175,9 @@ class StepMachine {
   /// Bytes allocated in the budgeted pool now.
   virtual size_t in_use() = 0;
   /// Runs kernel `k`; `in_place` asks it to write into its in_place_input's buffer.
-  virtual void run(int k, bool recompute, bool in_place) = 0;
+  /// `inlined` lists kernels whose outputs `k` computes itself from their inputs (those
+  /// outputs are not resident; see InlineInput); empty for a plain run.
+  virtual void run(int k, bool recompute, bool in_place, const std::vector<int>& inlined) = 0;
   /// Bytes the pool will hand out for value `v` if it is allocated now.
   virtual size_t bytes_for(int v) = 0;
   /// Releases value `v` (a free after its last read, or an eviction).
@@ -168,7 +186,8 @@ class StepMachine {
 
 /// Bytes that every schedule of the step needs: what is allocated at the start, and at
 /// each kernel what cannot be released by then, plus the outputs made so far, plus the
-/// kernel's own inputs and output. No budget below it can work. `at_kernel`, when given, receives
+/// kernel's own inputs and output (less those it can compute itself, InlineInput). No
+/// budget below it can work. `at_kernel`, when given, receives
 /// the kernel where the bound is reached (-1 when it is the start).
 size_t lower_bound(const StepGraph& graph, int* at_kernel = nullptr);
 

@@ -84,9 +84,10 @@ std::string plan_report() {
   line("replaced values freed", std::to_string(s.released_leaves));
   line("never released early", std::to_string(s.kept_values) + " of " + std::to_string(s.values) +
                                    ", " + format_bytes(s.kept_bytes));
-  line("released and rebuilt", std::to_string(s.evictions) + " releases, " +
-                                   std::to_string(s.recomputes) + " rebuilds, " +
-                                   format_bytes(s.evicted_bytes) + " released");
+  line("released and rebuilt",
+       std::to_string(s.evictions) + " releases, " + std::to_string(s.recomputes) + " rebuilds" +
+           (s.inlined > 0 ? " (and " + std::to_string(s.inlined) + " inside their readers)" : "") +
+           ", " + format_bytes(s.evicted_bytes) + " released");
   if (s.fallback_evictions > 0)
     line("run-time fallback", std::to_string(s.fallback_evictions) + " unplanned releases");
   line("extra work", percent(s.extra_cost, s.base_cost) + " of the step's estimated cost");

@@ -37,6 +37,7 @@ struct PlanSummary {
   size_t donated = 0;          ///< Of those, updates that took over a replaced value.
   size_t released_leaves = 0;  ///< Replaced values (old parameters, states) released in the step.
   size_t recomputes = 0;       ///< Kernels run again.
+  size_t inlined = 0;          ///< Values rebuilt inside the kernel that reads them.
   size_t evictions = 0;        ///< Values released early.
   size_t evicted_bytes = 0;    ///< Σ bytes released early (what recomputation saved).
   size_t fallback_evictions = 0;  ///< Evictions the plan did not foresee (run-time fallback).

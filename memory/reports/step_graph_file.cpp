@@ -17,9 +17,11 @@ namespace kiln::memory {
 namespace {
 
 // Version 2 adds each kernel's in-place candidates, so that a replay in another kernel
-// order chooses in-place inputs as the stage does (reorder_to_run); version 1 files are
-// still read, their kernels without candidates.
-constexpr const char* kMagic = "kiln-step-graph 2";
+// order chooses in-place inputs as the stage does (reorder_to_run); version 3 the inputs
+// it can rebuild inside itself (InlineInput). Older files are still read, their kernels
+// without those.
+constexpr const char* kMagic = "kiln-step-graph 3";
+constexpr const char* kMagicV2 = "kiln-step-graph 2";
 constexpr const char* kMagicV1 = "kiln-step-graph 1";
 
 }  // namespace
@@ -41,7 +43,7 @@ void save_step_graph(const StepGraphFile& file, const std::string& path) {
       out << v.bytes << ' ' << v.producer << ' ' << v.output << ' ' << v.releasable_leaf << "\n";
     out << "kernels " << g.kernels.size() << "\n";
     // output cost recomputable in_place_input region region_result n_inputs inputs...
-    // n_candidates candidates... | name
+    // n_candidates candidates... n_inline (value share)... | name
     for (size_t k = 0; k < g.kernels.size(); ++k) {
       const PlanKernel& pk = g.kernels[k];
       out << pk.output << ' ' << pk.cost << ' ' << pk.recomputable << ' ' << pk.in_place_input
@@ -49,6 +51,8 @@ void save_step_graph(const StepGraphFile& file, const std::string& path) {
       for (int in : pk.inputs) out << ' ' << in;
       out << ' ' << pk.in_place_candidates.size();
       for (int c : pk.in_place_candidates) out << ' ' << c;
+      out << ' ' << pk.inline_inputs.size();
+      for (const InlineInput& f : pk.inline_inputs) out << ' ' << f.value << ' ' << f.share;
       out << " | " << (k < file.kernel_names.size() ? file.kernel_names[k] : std::string()) << "\n";
     }
     if (!out) throw IOError("[memory] cannot write the step graph to " + tmp);
@@ -82,9 +86,9 @@ StepGraphFile load_step_graph(const std::string& path) {
     if (!(s >> w >> n) || w != word) throw bad(std::string("expected '") + word + " N'");
     return n;
   };
-  if (std::getline(in, line), ++line_no, line != kMagic && line != kMagicV1)
+  if (std::getline(in, line), ++line_no, line != kMagic && line != kMagicV2 && line != kMagicV1)
     throw bad("no header line");
-  const bool candidates = line == kMagic;
+  const bool candidates = line != kMagicV1, inline_inputs = line == kMagic;
   file.budget = header("budget");
   g.start_bytes = header("start_bytes");
   file.fixed_tail = header("fixed_tail");
@@ -127,6 +131,15 @@ StepGraphFile load_step_graph(const std::string& path) {
       for (int& v : pk.in_place_candidates)
         if (!(s >> v) || std::find(pk.inputs.begin(), pk.inputs.end(), v) == pk.inputs.end())
           throw bad("an in-place candidate must be one of the kernel's inputs");
+    }
+    if (inline_inputs) {
+      size_t nf = 0;
+      if (!(s >> nf) || nf > n) throw bad("a kernel needs its count of inline inputs");
+      pk.inline_inputs.resize(nf);
+      for (InlineInput& f : pk.inline_inputs)
+        if (!(s >> f.value >> f.share) || !(f.share >= 0) ||
+            std::find(pk.inputs.begin(), pk.inputs.end(), f.value) == pk.inputs.end())
+          throw bad("an inline input must be one of the kernel's inputs, with a share >= 0");
     }
     for (int v : pk.inputs)
       if (g.values[static_cast<size_t>(value_id(v))].producer >= static_cast<int>(k))
