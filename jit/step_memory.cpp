@@ -359,8 +359,11 @@ class JitMachine final : public memory::StepMachine {
   }
 
   void run(int k, bool recompute, bool in_place, const std::vector<int>& inlined) override {
-    if (!inlined.empty()) return run_fused(k, inlined);
     const FusionGroup& g = *groups_[static_cast<size_t>(k)];
+    // With kernels inlined this run is another kernel (compiled on its first run): its time
+    // is not recorded as k's.
+    std::optional<FusionGroup> fused;
+    if (!inlined.empty()) fused = with_inlined(g, inlined);
     const PlanKernel& pk = graph_.kernels[static_cast<size_t>(k)];
     Node* donor = in_place ? t_.nodes[static_cast<size_t>(pk.in_place_input)] : nullptr;
     follow_plan(k);
@@ -378,7 +381,7 @@ class JitMachine final : public memory::StepMachine {
     ++runs_[static_cast<size_t>(k)];
     const double start = us();
     try {
-      run_(g);
+      run_(fused ? *fused : g);
     } catch (...) {
       if (reused || placed) g.root->buffer.reset();
       throw;
@@ -395,7 +398,7 @@ class JitMachine final : public memory::StepMachine {
     }
     if (recompute)
       ++rebuilds_[static_cast<size_t>(pk.output)];
-    else
+    else if (!fused)
       seconds_[static_cast<size_t>(k)] = (us() - start) * 1e-6;
     if (record_)
       events_.push_back({recompute ? StepEvent::Kind::Recompute : StepEvent::Kind::Run, k,
@@ -403,13 +406,9 @@ class JitMachine final : public memory::StepMachine {
                          pool_.allocated(), reused || (donor != nullptr), start, us()});
   }
 
-  // Kernel k with the kernels `inlined` computed inside it (a fused rebuild): one group
-  // whose members are theirs and k's, reading what they read. Its time is not recorded as
-  // k's (it is another kernel, compiled on its first run).
-  void run_fused(int k, const std::vector<int>& inlined) {
-    const FusionGroup& g = *groups_[static_cast<size_t>(k)];
-    const PlanKernel& pk = graph_.kernels[static_cast<size_t>(k)];
-    follow_plan(k);
+  // Kernel k's group with the kernels `inlined` computed inside it (a fused rebuild): their
+  // members and k's, reading what they read but not their outputs.
+  FusionGroup with_inlined(const FusionGroup& g, const std::vector<int>& inlined) {
     FusionGroup fused;
     fused.root = g.root;
     std::unordered_set<Node*> members, computed;
@@ -430,21 +429,7 @@ class JitMachine final : public memory::StepMachine {
     for (Node* in : g.inputs) read(in);
     for (int p : inlined)
       for (Node* in : groups_[static_cast<size_t>(p)]->inputs) read(in);
-    const bool placed = place_in_arena(k, g);
-    in_arena_[static_cast<size_t>(pk.output)] = placed;
-    ++runs_[static_cast<size_t>(k)];
-    ++inlined_runs_;
-    const double start = us();
-    try {
-      run_(fused);
-    } catch (...) {
-      if (placed) g.root->buffer.reset();
-      throw;
-    }
-    if (record_)
-      events_.push_back({StepEvent::Kind::Run, k, pk.output,
-                         graph_.values[static_cast<size_t>(pk.output)].bytes, pool_.allocated(),
-                         false, start, us()});
+    return fused;
   }
 
   void release(int v, bool evict) override {
@@ -520,7 +505,7 @@ class JitMachine final : public memory::StepMachine {
   bool strayed_ = false;  // a run that was not the plan's next one happened
   size_t arena_values_ = 0, arena_misses_ = 0;
   std::vector<double> seconds_;  // per kernel, its first run (compile time included)
-  size_t in_place_ = 0, donated_ = 0, released_leaves_ = 0, inlined_runs_ = 0;
+  size_t in_place_ = 0, donated_ = 0, released_leaves_ = 0;
   std::vector<int> in_place_kernels_;
 };
 

@@ -102,6 +102,12 @@ TEST_CASE("planner: random steps with fused rebuilds replay within budget",
       const RecomputePlan p = plan_with(g, budget);
       INFO("graph " << n << ", budget " << budget << ": " << render(p.actions));
       REQUIRE(replay(g, p, budget).error == "");
+      // The floor covers fused rebuilds too: no plan needs less.
+      const kiln::memory::WorkFloor floor = extra_work_floor(g, budget);
+      if (p.feasible) {
+        REQUIRE(floor.feasible);
+        REQUIRE(p.extra_cost >= floor.extra_cost - 1e-9 * (1 + floor.extra_cost));
+      }
       ++plans;
       if (p.feasible) ++feasible, inlining += p.inlined > 0;
     }

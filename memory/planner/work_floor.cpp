@@ -15,6 +15,13 @@ WorkFloor extra_work_floor(const StepGraph& graph, size_t budget) {
   for (size_t k = 0; k < n_kernels; ++k)
     for (int v : graph.kernels[k].inputs)
       readers[static_cast<size_t>(v)].push_back(static_cast<int>(k));
+  // A value some reader can compute inside itself (InlineInput) may be rebuilt there at the
+  // smallest such share of its kernel's cost: the least a rebuild of it can cost.
+  std::vector<double> cheapest(n_values, 1.0);
+  for (const PlanKernel& k : graph.kernels)
+    for (const InlineInput& f : k.inline_inputs)
+      cheapest[static_cast<size_t>(f.value)] =
+          std::min(cheapest[static_cast<size_t>(f.value)], f.share);
   // Allocated when the step starts and never released: all but the releasable leaves.
   size_t always = graph.start_bytes;
   for (const PlanValue& v : graph.values)
@@ -67,7 +74,12 @@ WorkFloor extra_work_floor(const StepGraph& graph, size_t budget) {
       const PlanValue& pv = graph.values[static_cast<size_t>(v)];
       if (pv.producer >= 0 || pv.releasable_leaf) must += pv.bytes;
     };
-    for (int v : kd.inputs) force(v);
+    // An input d can compute itself need not be resident: it is a candidate like any
+    // value crossing d, rebuilt (inside d) at its share.
+    for (int v : kd.inputs)
+      if (std::none_of(kd.inline_inputs.begin(), kd.inline_inputs.end(),
+                       [&](const InlineInput& f) { return f.value == v; }))
+        force(v);
     if (kd.output >= 0 && kd.in_place_input < 0) force(kd.output);
     candidates.clear();
     size_t candidate_bytes = 0;
@@ -132,12 +144,13 @@ WorkFloor extra_work_floor(const StepGraph& graph, size_t budget) {
         gone.push_back({graph.kernels[static_cast<size_t>(pu.producer)].cost / n,
                         static_cast<double>(pu.bytes) / n});
       }
-      if (gone.size() > kMostChoices) {  // rebuilding costs at least its own kernel
-        items.push_back({producer.cost, static_cast<double>(pv.bytes)});
+      const double own = producer.cost * cheapest[static_cast<size_t>(v)];
+      if (gone.size() > kMostChoices) {  // rebuilding costs at least its own kernel's share
+        items.push_back({own, static_cast<double>(pv.bytes)});
         continue;
       }
       for (size_t keep = 0; keep < (size_t{1} << gone.size()); ++keep) {
-        Item item{producer.cost, static_cast<double>(pv.bytes)};
+        Item item{own, static_cast<double>(pv.bytes)};
         for (size_t i = 0; i < gone.size(); ++i) {
           if (keep >> i & 1)
             item.bytes -= gone[i].bytes;

@@ -12,6 +12,10 @@
 // (its cost counts), shared among the dropped values that read it. Inputs further up,
 // and the order rebuilds must follow, are left out, so real plans can need more, never
 // less (the `[planner]` tests check that no plan kiln makes recomputes less).
+//
+// The plans it bounds rebuild whole kernels of the step's fusion, or (InlineInput) compute
+// a value again inside a reader that can: such an input of d need not be resident at d,
+// and a value's rebuild costs at least the smallest share any of its readers is charged.
 #pragma once
 
 #include <cstddef>
