@@ -84,52 +84,36 @@ struct TorchRun {
 inline TorchRun run_torch(const std::string& name, int threads, int reps, bool compile,
                           Precision precision) {
   TorchRun out;
-  if (std::system("python3 -c 'import torch' >/dev/null 2>&1") != 0) {
-    out.note = "PyTorch not installed (scripts/setup_torch.sh): baseline skipped";
-    return out;
-  }
-  const int limit = env_int("BENCH_TORCH_TIMEOUT", 900);
-  std::string cmd = "timeout " + std::to_string(limit) +
-                    " python3 " KILN_BENCH_DIR "/bench_train_torch.py --threads " +
-                    std::to_string(threads) + " --reps " + std::to_string(reps) + " --only " +
-                    name + (compile ? " --compile" : "") + " --amp " +
-                    (precision == Precision::Float32 ? "off" : precision_name(precision)) + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  if (!p) {
-    out.note = "could not run bench_train_torch.py";
-    return out;
-  }
-  char line[1024];
-  std::string last;  // the last diagnostic line, for a run that dies without a NOTE
-  while (std::fgets(line, sizeof line, p)) {
-    char got[128];
-    int used = 0;
-    Times t;
-    double peak = -1, saved = -1, saved_all = -1;
-    if (std::sscanf(line, "RESULT %127s %lf %lf %lf %lf %lf", got, &t.wall_ms, &t.cpu_ms, &peak,
-                    &saved, &saved_all) >= 4 &&
-        name == got) {
-      out.step = t;
-      out.peak = peak;
-      out.saved = saved;
-      out.saved_all = saved_all;
-    } else if (std::sscanf(line, "NOTE %127s %n", got, &used) == 1 && used > 0) {
-      out.note = line + used;
-    } else {
-      last = line;
-      if (!compile) std::fputs(line, stdout);  // inductor's warnings would flood the table
-    }
-  }
-  const int rc = pclose(p);
+  const std::string args = "--threads " + std::to_string(threads) + " --reps " +
+                           std::to_string(reps) + " --only " + name +
+                           (compile ? " --compile" : "") + " --amp " +
+                           (precision == Precision::Float32 ? "off" : precision_name(precision));
+  // Inductor's warnings would flood the table: only eager runs echo what they print.
+  const TorchScriptRun run =
+      run_torch_script("bench_train_torch.py", args, !compile, [&](const char* line) {
+        char got[128];
+        int used = 0;
+        Times t;
+        double peak = -1, saved = -1, saved_all = -1;
+        if (std::sscanf(line, "RESULT %127s %lf %lf %lf %lf %lf", got, &t.wall_ms, &t.cpu_ms, &peak,
+                        &saved, &saved_all) >= 4 &&
+            name == got) {
+          out.step = t;
+          out.peak = peak;
+          out.saved = saved;
+          out.saved_all = saved_all;
+          return true;
+        }
+        if (std::sscanf(line, "NOTE %127s %n", got, &used) == 1 && used > 0) {
+          out.note = line + used;
+          return true;
+        }
+        return false;
+      });
   while (!out.note.empty() && std::isspace(static_cast<unsigned char>(out.note.back())))
     out.note.pop_back();
-  if (out.step.wall_ms < 0 && out.note.empty()) {
-    while (!last.empty() && std::isspace(static_cast<unsigned char>(last.back()))) last.pop_back();
-    out.note =
-        WIFEXITED(rc) && WEXITSTATUS(rc) == 124
-            ? "bench_train_torch.py ran past BENCH_TORCH_TIMEOUT=" + std::to_string(limit) + " s"
-            : "bench_train_torch.py gave no result: " + last.substr(0, 160);
-  }
+  if (out.step.wall_ms < 0 && out.note.empty())
+    out.note = run.note.empty() ? "bench_train_torch.py gave no result" : run.note;
   return out;
 }
 

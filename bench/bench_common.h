@@ -7,6 +7,8 @@
 // merged into bench/results/latest.json by bench/run_all.sh).
 //
 // Header-only on purpose: each bench_* is one translation unit plus this file.
+#include <sys/wait.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -226,6 +228,54 @@ inline int env_int(const char* name, int fallback) {
   const char* v = std::getenv(name);
   return (v && *v) ? std::atoi(v) : fallback;
 }
+
+// --- the PyTorch side ---------------------------------------------------------------------
+
+/// How a PyTorch-side script (bench/*_torch.py) ended: `note` is empty when it ran to the
+/// end, else why there is no result (PyTorch missing, a timeout, a failure, with the last
+/// line it printed that was not a result).
+struct TorchScriptRun {
+  std::string note;
+};
+
+/// Runs bench/`script` `args` with python3 in a process of its own (so that each peak RSS
+/// starts from a fresh interpreter), bounded by BENCH_TORCH_TIMEOUT seconds (default 900),
+/// and hands every line it prints to `on_line`, which returns whether it took the line as a
+/// result. Other lines are echoed when `echo` and kept for the note. Used by every bench
+/// that measures PyTorch beside kiln (those define KILN_BENCH_DIR, where the scripts are).
+#ifdef KILN_BENCH_DIR
+inline TorchScriptRun run_torch_script(const std::string& script, const std::string& args,
+                                       bool echo,
+                                       const std::function<bool(const char* line)>& on_line) {
+  TorchScriptRun out;
+  if (std::system("python3 -c 'import torch' >/dev/null 2>&1") != 0) {
+    out.note = "PyTorch not installed (scripts/setup_torch.sh): baseline skipped";
+    return out;
+  }
+  const int limit = env_int("BENCH_TORCH_TIMEOUT", 900);
+  const std::string cmd = "timeout " + std::to_string(limit) + " python3 " KILN_BENCH_DIR "/" +
+                          script + " " + args + " 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  if (!p) {
+    out.note = "could not run " + script;
+    return out;
+  }
+  char line[1024];
+  std::string last;  // the last line that was not a result, for a run that dies
+  while (std::fgets(line, sizeof line, p)) {
+    if (on_line(line)) continue;
+    last = line;
+    if (echo) std::fputs(line, stdout);
+  }
+  const int rc = pclose(p);
+  while (!last.empty() && std::isspace(static_cast<unsigned char>(last.back()))) last.pop_back();
+  if (WIFEXITED(rc) && WEXITSTATUS(rc) == 124)
+    out.note = script + " ran past BENCH_TORCH_TIMEOUT=" + std::to_string(limit) + " s";
+  else if (rc != 0)
+    out.note = script + " failed: " + last.substr(0, 160);
+  return out;
+}
+#endif
 
 // --- bandwidth probe ------------------------------------------------------------------
 

@@ -266,31 +266,21 @@ struct TorchMethod {
 
 std::vector<TorchMethod> run_torch_methods(const std::string& model, int reps, std::string* note) {
   std::vector<TorchMethod> out;
-  if (std::system("python3 -c 'import torch' >/dev/null 2>&1") != 0) {
-    *note = "PyTorch not installed (scripts/setup_torch.sh)";
-    return out;
-  }
-  const std::string cmd = "timeout " + std::to_string(env_int("BENCH_TORCH_TIMEOUT", 900)) +
-                          " python3 " KILN_BENCH_DIR "/bench_plan_torch.py --threads " +
-                          std::to_string(thread_pool().size()) + " --reps " + std::to_string(reps) +
-                          " --model " + model + " 2>/dev/null";
-  FILE* p = popen(cmd.c_str(), "r");
-  if (!p) {
-    *note = "could not run bench_plan_torch.py";
-    return out;
-  }
-  char line[512];
-  while (std::fgets(line, sizeof line, p)) {
-    char got[64], method[64];
-    TorchMethod m;
-    if (std::sscanf(line, "RESULT %63s %63s %lf %lf %lf", got, method, &m.step.wall_ms,
-                    &m.step.cpu_ms, &m.above) == 5 &&
-        model == got) {
-      m.name = method;
-      out.push_back(m);
-    }
-  }
-  if (pclose(p) != 0 || out.empty()) *note = "bench_plan_torch.py failed";
+  const std::string args = "--threads " + std::to_string(thread_pool().size()) + " --reps " +
+                           std::to_string(reps) + " --model " + model;
+  const TorchScriptRun run =
+      run_torch_script("bench_plan_torch.py", args, false, [&](const char* line) {
+        char got[64], method[64];
+        TorchMethod m;
+        if (std::sscanf(line, "RESULT %63s %63s %lf %lf %lf", got, method, &m.step.wall_ms,
+                        &m.step.cpu_ms, &m.above) != 5 ||
+            model != got)
+          return false;
+        m.name = method;
+        out.push_back(m);
+        return true;
+      });
+  if (out.empty()) *note = run.note.empty() ? "bench_plan_torch.py gave no result" : run.note;
   return out;
 }
 

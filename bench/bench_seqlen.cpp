@@ -104,30 +104,21 @@ struct TorchSide {
 
 TorchSide run_torch(int64_t seq, int reps) {
   TorchSide out;
-  if (std::system("python3 -c 'import torch' >/dev/null 2>&1") != 0) {
-    out.note = "PyTorch not installed (scripts/setup_torch.sh)";
-    return out;
-  }
-  const std::string cmd = "timeout " + std::to_string(env_int("BENCH_TORCH_TIMEOUT", 900)) +
-                          " python3 " KILN_BENCH_DIR "/bench_seqlen_torch.py --threads " +
-                          std::to_string(thread_pool().size()) + " --reps " + std::to_string(reps) +
-                          " --seq " + std::to_string(seq) + " --batch " + std::to_string(kBatch) +
-                          " 2>/dev/null";
-  FILE* p = popen(cmd.c_str(), "r");
-  if (!p) {
-    out.note = "could not run bench_seqlen_torch.py";
-    return out;
-  }
-  char line[512];
-  while (std::fgets(line, sizeof line, p)) {
-    Times t;
-    double peak = -1;
-    if (std::sscanf(line, "RESULT %lf %lf %lf", &t.wall_ms, &t.cpu_ms, &peak) == 3) {
-      out.step = t;
-      out.peak_above_start = peak;
-    }
-  }
-  if (pclose(p) != 0 || out.peak_above_start < 0) out.note = "bench_seqlen_torch.py failed";
+  const std::string args = "--threads " + std::to_string(thread_pool().size()) + " --reps " +
+                           std::to_string(reps) + " --seq " + std::to_string(seq) + " --batch " +
+                           std::to_string(kBatch);
+  const TorchScriptRun run =
+      run_torch_script("bench_seqlen_torch.py", args, false, [&](const char* line) {
+        Times t;
+        double peak = -1;
+        if (std::sscanf(line, "RESULT %lf %lf %lf", &t.wall_ms, &t.cpu_ms, &peak) != 3)
+          return false;
+        out.step = t;
+        out.peak_above_start = peak;
+        return true;
+      });
+  if (out.peak_above_start < 0)
+    out.note = run.note.empty() ? "bench_seqlen_torch.py gave no result" : run.note;
   return out;
 }
 
