@@ -28,11 +28,12 @@ thread_local SDPBackend t_backend = SDPBackend::Auto;
 constexpr int64_t kCudaMaxHead = 256;
 
 // Auto's rule without a budget: flash once the probabilities one call would keep for
-// backward (batch x heads x L x S elements) reach 256 MiB. On the CPU flash's step costs
-// 3-4x the composed one's (its products are the JIT's loops, the composed path's are
-// oneDNN's GEMMs; docs/benchmarks.md, "Attention"), so it is taken by itself only where
-// the composed path's memory, growing as L * S, is the larger danger; under a budget it is
-// taken always (the planner would otherwise rebuild O(L * S) values).
+// backward (batch x heads x L x S elements) reach 256 MiB. On the CPU both paths' products
+// run on the same GEMM library; a flash training step costs about the composed one's from
+// L = S = 512 up and more below (up to ~1.5x at 128: its backward recomputes the scores,
+// and its tile products are smaller; docs/benchmarks.md, "Attention"), so it is taken by
+// itself only where the composed path's memory, growing as L * S, is the larger danger;
+// under a budget it is taken always (the planner would otherwise rebuild O(L * S) values).
 constexpr int64_t kFlashWithoutBudgetBytes = int64_t{256} << 20;
 
 // Backward tasks the CPU split aims for: a batch-head's keys are cut into chunks (each at
