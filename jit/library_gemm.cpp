@@ -285,6 +285,12 @@ bool gemm_layout(const Node& r, GemmLayout* out) {
     }
   }
   if (ks.empty()) return false;  // an outer product: no reduction for the library to do
+  // A dot product (m = n = 1) is no GEMM: per batch element (a row-wise sum of a product,
+  // such as flash attention's delta = rowsum(dO * O)) it would be one 1 x 1 library call per
+  // element, and over strided operands whose k dims do not flatten (a loss sum(o * o) of a
+  // sliced o) one call per run of k, thousands of calls each costing more than its few
+  // multiplies. The generated reduction reads both operands once instead.
+  if (ms.empty() && ns.empty()) return false;
   // Several k dims (a linear layer's weight gradient sums over batch and time) are one k when
   // they flatten together in both operands. Several m (n) dims flatten likewise or, failing
   // that, all but the innermost become batch dimensions that B (A) broadcasts over.

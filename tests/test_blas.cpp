@@ -7,6 +7,7 @@
 #include <atomic>
 #include <catch2/catch.hpp>
 #include <cmath>
+#include <functional>
 #include <random>
 #include <thread>
 #include <vector>
@@ -548,5 +549,36 @@ TEST_CASE(
       CHECK(run(2) == whole);
       CHECK(run(3) == whole);
     }
+  }
+}
+
+TEST_CASE("a dot product per row or over a sliced operand is a generated reduction",
+          "[blas][matmul]") {
+  // sum(x * y) over a row matches the GEMM pattern with m = n = 1: as a library GEMM it was
+  // one 1 x 1 call per row (flash attention's rowsum(dO * O): 16384 calls at batch 8,
+  // 4 heads, sequence 512), and over a slice whose dims do not flatten, one call per run.
+  manual_seed(3);
+  Tensor x = randn({64, 200, 33}).eval(), y = randn({64, 200, 33}).eval();
+  // The slices are made afresh each time: a view another evaluation stored is no operand.
+  auto xs = [&] { return slice(x, 2, 0, 32); };
+  auto ys = [&] { return slice(y, 2, 0, 32); };
+  const std::vector<std::pair<const char*, std::function<Tensor()>>> cases = {
+      {"per row", [&] { return sum(xs() * ys(), {2}); }},
+      {"whole sliced tensors", [&] { return sum(xs() * ys()); }},
+  };
+  for (const auto& [name, build] : cases) {
+    INFO(name);
+    std::vector<double> want;
+    {
+      kiln::test::ExecutorScope ref("reference");
+      want = build().to_vector<double>();
+    }
+    Tensor got_t = build();
+    got_t.eval();
+    CHECK(jit::last_eval_stats().library_calls == 0);
+    const std::vector<double> got = got_t.to_vector<double>();
+    REQUIRE(got.size() == want.size());
+    for (size_t i = 0; i < got.size(); ++i)
+      REQUIRE(std::abs(got[i] - want[i]) <= 1e-4 * (std::abs(want[i]) + 1.0));
   }
 }

@@ -1,9 +1,10 @@
 // Flash attention (frontend/nn/flash_attention.h): forward and the three input gradients
 // against the composed path and a float64 reference over shapes that exercise every tile
-// edge (L != S, sizes that are no multiple of the 32 x 64 tiles, causal, masks of each
-// broadcast kind, leading dims), what a training step keeps for backward (O(L) against
-// the composed path's O(L * S)), bit-identical reruns (thread count, memory budget),
-// the backend switch, errors, a second backward, and the CUDA bodies through NVRTC.
+// edge (L != S, sizes that are no multiple of the 64 x 128 tiles or the backward's key
+// chunks, causal, masks of each broadcast kind, leading dims), what a training step keeps
+// for backward (O(L) against the composed path's O(L * S)), bit-identical reruns (thread
+// count, memory budget), the backend switch, errors, a second backward, and the CUDA
+// bodies through NVRTC.
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstring>
@@ -138,6 +139,33 @@ TEST_CASE("flash attention matches the composed path and a float64 reference",
     check_close(math, ref, 1e-5, 1e-4);
     check_close(flash, math, 2e-5, 2e-4);
     // float64 flash against the float64 composed path: only the summation order differs.
+    check_close(flash64, ref, 1e-12, 1e-10);
+  }
+}
+
+TEST_CASE("flash attention's tiles and key chunks meet at their edges", "[flash_attention]") {
+  // The CPU bodies run 64 query rows x 128 keys per product, and the backward splits each
+  // batch-head's keys into chunks (at least 128 keys each) until batch-heads x chunks reach
+  // 32, summing the chunks' partial dq afterwards. Here L and S are no multiple of either
+  // tile, one batch-head's 300 keys make 3 chunks of 100 (a chunk edge inside a key tile),
+  // and two batch-heads' 260 keys 3 chunks of 87: against float64 and the composed path
+  // with the tolerances of the case above (sums of a few hundred products).
+  std::vector<std::pair<std::string, Problem>> problems = {
+      {"one head L 200 S 300", {{1, 200, 16}, {1, 300, 16}, {1, 300, 8}, {}, false, {}}},
+      {"causal L = S 300", {{1, 300, 16}, {1, 300, 16}, {1, 300, 16}, {}, true, {}}},
+      {"float mask L 130 S 260",
+       {{2, 130, 8}, {2, 260, 8}, {2, 260, 8}, randn({130, 260}), false, {}}},
+      {"bool key padding causal L 129 S 257",
+       {{2, 129, 8}, {2, 257, 8}, {2, 257, 8}, bool_mask({2, 1, 257}, 5, 1), true, {}}},
+  };
+  for (auto& [name, p] : problems) {
+    INFO(name);
+    const Attention flash = attend(p, SDPBackend::Flash, DType::Float32);
+    const Attention math = attend(p, SDPBackend::Math, DType::Float32);
+    const Attention ref = attend(p, SDPBackend::Math, DType::Float64);
+    const Attention flash64 = attend(p, SDPBackend::Flash, DType::Float64);
+    check_close(flash, ref, 1e-5, 1e-4);
+    check_close(flash, math, 2e-5, 2e-4);
     check_close(flash64, ref, 1e-12, 1e-10);
   }
 }

@@ -5,6 +5,7 @@
 // the forward kernel's gradient.
 #include "flash_attention.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "../../memory/pools/budget.h"
@@ -27,12 +28,20 @@ thread_local SDPBackend t_backend = SDPBackend::Auto;
 constexpr int64_t kCudaMaxHead = 256;
 
 // Auto's rule without a budget: flash once the probabilities one call would keep for
-// backward (batch x heads x L x S elements) reach 256 MiB. On the CPU flash's step costs
-// 3-4x the composed one's (its products are the JIT's loops, the composed path's are
-// oneDNN's GEMMs; docs/benchmarks.md, "Attention"), so it is taken by itself only where
-// the composed path's memory, growing as L * S, is the larger danger; under a budget it is
-// taken always (the planner would otherwise rebuild O(L * S) values).
+// backward (batch x heads x L x S elements) reach 256 MiB. On the CPU both paths' products
+// run on the same GEMM library; a flash training step costs about the composed one's from
+// L = S = 512 up and more below (up to ~1.5x at 128: its backward recomputes the scores,
+// and its tile products are smaller; docs/benchmarks.md, "Attention"), so it is taken by
+// itself only where the composed path's memory, growing as L * S, is the larger danger;
+// under a budget it is taken always (the planner would otherwise rebuild O(L * S) values).
 constexpr int64_t kFlashWithoutBudgetBytes = int64_t{256} << 20;
+
+// Backward tasks the CPU split aims for: a batch-head's keys are cut into chunks (each at
+// least kFlashMinChunkKeys) until the batch-heads times the chunks reach this, so a few
+// batch-heads of long sequences still fill the pool. Each chunk adds a partial dq (L x E
+// more kept values, summed in chunk order); shapes alone decide the split, so the bits do
+// not depend on the thread count.
+constexpr int64_t kBackwardTasks = 32;
 
 // Gradient of the packed forward output: the backward kernel, then dq, dk, dv cut out of
 // its packed result. The log-sum-exp column never reaches a user, so its gradient is 0.
@@ -65,12 +74,18 @@ std::vector<Tensor> flash_grad(const std::vector<Tensor>& in, const std::vector<
   Tensor o = slice(out, 2, 0, dv);
   Tensor dout = slice(grad_outs[0], 2, 0, dv);
   Tensor delta = sum(dout * o, {2});
-  const int64_t g = l * d + s * d + s * dv;
+  const int64_t chunks =
+      q.device().is_cuda()
+          ? 1
+          : std::clamp<int64_t>((kBackwardTasks + n - 1) / n, 1,
+                                (s + detail::kFlashMinChunkKeys - 1) / detail::kFlashMinChunkKeys);
+  const int64_t dqs = chunks * l * d, g = dqs + s * d + s * dv;
   Tensor grads =
       backward_kernel()({q, k, v, in[3], in[4], in[5], out, dout, delta}, {{{n, g}, q.dtype()}})[0];
-  Tensor dq = reshape(slice(grads, 1, 0, l * d), {n, l, d});
-  Tensor dk = reshape(slice(grads, 1, l * d, l * d + s * d), {n, s, d});
-  Tensor dvv = reshape(slice(grads, 1, l * d + s * d, g), {n, s, dv});
+  Tensor dq = chunks == 1 ? reshape(slice(grads, 1, 0, dqs), {n, l, d})
+                          : sum(reshape(slice(grads, 1, 0, dqs), {n, chunks, l, d}), {1});
+  Tensor dk = reshape(slice(grads, 1, dqs, dqs + s * d), {n, s, d});
+  Tensor dvv = reshape(slice(grads, 1, dqs + s * d, g), {n, s, dv});
   return {dq, dk, dvv, Tensor(), Tensor(), Tensor()};
 }
 
@@ -175,8 +190,8 @@ Tensor flash_attention(const Tensor& q_in, const Tensor& k_in, const Tensor& v_i
   int64_t div = 1;
   Tensor mask = has_mask ? kernel_mask(attn_mask.detach(), lead, dtype, &div)
                          : zeros({1, 1, 1}, dtype, q_in.device());
-  Tensor opts =
-      from_vector<int64_t>({is_causal ? 1 : 0, div, has_mask ? 1 : 0}, {3}, q_in.device());
+  Tensor opts = from_vector<int64_t>(
+      {is_causal ? 1 : 0, div, has_mask ? 1 : 0, detail::flash_gemm_address()}, {4}, q_in.device());
   const double sc = scale.value_or(1.0 / std::sqrt(static_cast<double>(e)));
   Tensor sct = full({1}, sc, dtype, q_in.device());
   Tensor out = forward_kernel()({q, k, v, mask, opts, sct}, {{{n, l, ev + 1}, dtype}})[0];

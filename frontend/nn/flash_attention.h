@@ -44,8 +44,8 @@ class SDPBackendGuard {
 
 /// Auto's rule for q [..., L, E] against S keys: flash whenever a memory budget is set for
 /// the device, and without one on the CPU when a gradient is recorded and the probabilities
-/// the composed path would keep reach 256 MiB; the composed path otherwise, whose GEMMs make
-/// it 3-4x faster (docs/benchmarks.md, "Attention").
+/// the composed path would keep reach 256 MiB; the composed path otherwise, which is as fast
+/// or faster at short sequences (docs/benchmarks.md, "Attention").
 bool flash_attention_preferred(const Tensor& q, const Tensor& k, const Tensor& v);
 
 namespace functional {

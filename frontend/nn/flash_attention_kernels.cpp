@@ -2,7 +2,13 @@
 //
 // Both kernels see, per batch-head n of N: q [N, L, D], k [N, S, D], v [N, S, DV], the
 // additive mask [MN, ML, MS] (ML in {1, L}, MS in {1, S}; batch-head n reads mask row
-// (n / div) % MN), opts = {causal, div, has_mask} (int64) and the scale (one element).
+// (n / div) % MN), opts = {causal, div, has_mask, gemm} (int64; gemm: the address of the
+// host's tile product, CPU only) and the scale (one element).
+//
+// On the CPU every tile product (q k^T, p v; in backward also dO v^T, p^T dO, dS^T q and
+// dS k) is one call of the GEMM library that kiln's matmuls use (jit/blas.h: oneDNN's sgemm,
+// OpenBLAS's dgemm), single-threaded inside a pool task; the JIT code keeps the softmax and
+// masking, elementwise over a tile in per-thread scratch.
 //
 // Forward: out [N, L, DV + 1] holds each row's output and, in its last column, the row's
 // log-sum-exp of the scaled, masked scores (one output, so one run makes both: a custom
@@ -10,18 +16,65 @@
 // FA_BR query rows of one batch-head; it walks the keys in blocks of FA_BC with the
 // online softmax (running max and sum, rescaling the accumulator when the max grows).
 //
-// Backward: grads [N, L*D + S*D + S*DV] holds dq, dk and dv of each batch-head. CPU tasks
-// are of two kinds, so no two tasks write the same element and no atomics are needed:
-// blocks of query rows (dq: every key, recomputing P = exp(scores - lse)) and blocks of
-// keys (dk, dv: every query row). Scores are recomputed twice, the price of a
-// deterministic split. ds = P * (dP - delta), with delta = rowsum(dO * O) computed outside.
+// Backward: grads [N, C*L*D + S*D + S*DV] holds C partial dq, then dk and dv of each
+// batch-head. A CPU task is one of C chunks of one batch-head's keys: it owns those keys'
+// dk and dv rows and its own partial dq, so no two tasks write the same element and no
+// atomics are needed. It walks its keys in blocks of FA_BC and, per block, every query
+// block that sees them: scores and P = exp(scores - lse) once, dS = P * (dP - delta)
+// (delta = rowsum(dO * O), computed outside), then dv, dk and the partial dq accumulate.
+// The caller sums the C partials in chunk order (C = 1 unless a few batch-heads would leave
+// the pool idle; flash_attention.cpp).
 //
-// Each element is a sum taken in a fixed order whatever task runs it, so the values do not
-// depend on the pool's split: the memory planner's reruns are bit-identical.
+// Each element is a sum taken in a fixed order whatever task runs it (the products' sizes
+// and the chunking depend on the shapes alone), so the values do not depend on the pool's
+// split: the memory planner's reruns are bit-identical.
 #include "flash_attention_kernels.h"
+
+#include <cstdint>
+
+#include "../../jit/blas.h"
 
 namespace kiln::nn::detail {
 namespace {
+
+// A product in plain loops, for a build without a GEMM library for the dtype (or a library
+// call that failed): row i of C takes the k terms in order.
+template <typename T>
+void loop_gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const T* a, int64_t lda,
+               const T* b, int64_t ldb, bool accumulate, T* c, int64_t ldc) {
+  for (int64_t i = 0; i < m; ++i) {
+    T* ci = c + i * ldc;
+    if (!accumulate)
+      for (int64_t j = 0; j < n; ++j) ci[j] = 0;
+    for (int64_t p = 0; p < k; ++p) {
+      const T x = ta ? a[p * lda + i] : a[i * lda + p];
+      for (int64_t j = 0; j < n; ++j) ci[j] += x * (tb ? b[j * ldb + p] : b[p * ldb + j]);
+    }
+  }
+}
+
+// The kernels' fa_gemm_fn. Called from JIT code, so nothing may be thrown through it.
+void flash_gemm(long long elem_bytes, int ta, int tb, long long m, long long n, long long k,
+                const void* a, long long lda, const void* b, long long ldb, int accumulate, void* c,
+                long long ldc) noexcept {
+  const DType dtype = elem_bytes == 8 ? DType::Float64 : DType::Float32;
+  static const bool f32 = jit::cpu_gemm_available(DType::Float32);
+  static const bool f64 = jit::cpu_gemm_available(DType::Float64);
+  if (m == 0 || n == 0) return;
+  if (dtype == DType::Float32 ? f32 : f64) {
+    try {
+      jit::cpu_gemm(dtype, ta != 0, tb != 0, m, n, k, a, lda, b, ldb, accumulate != 0, c, ldc);
+      return;
+    } catch (...) {  // the library refused: the loops below give the same product
+    }
+  }
+  if (dtype == DType::Float64)
+    loop_gemm(ta, tb, m, n, k, static_cast<const double*>(a), lda, static_cast<const double*>(b),
+              ldb, accumulate, static_cast<double*>(c), ldc);
+  else
+    loop_gemm(ta, tb, m, n, k, static_cast<const float*>(a), lda, static_cast<const float*>(b), ldb,
+              accumulate, static_cast<float*>(c), ldc);
+}
 
 const char* kHeader = R"(
 #ifdef __CUDACC__
@@ -60,9 +113,17 @@ FA_FN float fa_log(float x) { return __builtin_logf(x); }
 FA_FN double fa_log(double x) { return __builtin_log(x); }
 FA_FN float fa_ninf(float) { return -__builtin_inff(); }
 FA_FN double fa_ninf(double) { return -__builtin_inf(); }
+// The CPU bodies' tile products: C = A B (+ C when accumulate), row-major, A [m, k] (stored
+// [k, m] when ta), B [k, n] (stored [n, k] when tb), elements of elem_bytes bytes. The host's
+// flash_gemm (flash_attention_kernels.cpp), passed by address in opts[3].
+typedef void (*fa_gemm_fn)(long long elem_bytes, int ta, int tb, long long m, long long n,
+                           long long k, const void* a, long long lda, const void* b,
+                           long long ldb, int accumulate, void* c, long long ldc);
 #endif
-// Tile sizes (CPU): FA_BR query rows by FA_BC keys. FA_MAX: the CUDA bodies' head size.
-enum { FA_BR = 32, FA_BC = 64, FA_MAX = 256 };
+// Tile sizes (CPU): FA_BR query rows by FA_BC keys, large enough that each product is worth a
+// library call, small enough that a tile's operands stay in L2. FA_MAX: the CUDA bodies'
+// head size.
+enum { FA_BR = 64, FA_BC = 128, FA_MAX = 256 };
 // The additive mask at (query i, key j) of batch-head n.
 template <typename T>
 FA_FN T fa_bias(const T* mask, const long long* shape, long long div, long long n, long long i,
@@ -70,15 +131,34 @@ FA_FN T fa_bias(const T* mask, const long long* shape, long long div, long long 
   const long long base = ((n / div) % shape[0]) * shape[1] * shape[2];
   return mask[base + (shape[1] == 1 ? 0 : i) * shape[2] + (shape[2] == 1 ? 0 : j)];
 }
-// A [rows, width] block of `src` (row stride `width`) from row `from`, transposed into
-// dst [width][FA_BC] and padded with zeros to FA_BC columns: the dot products below then
-// run over a contiguous FA_BC-wide row, which vectorizes without reassociation.
+// The largest of x[0, n) and `init`, and the sum of x[0, n), each kept in FA_LANES running
+// values combined in a fixed order at the end: one running value is a serial chain the
+// compiler may not reorder (no fast-math), so it runs one element per add latency; lanes
+// vectorize. The order depends on n alone. NaN is never taken as a maximum, as before.
+enum { FA_LANES = 16 };
 template <typename T>
-FA_FN void fa_transpose(T* FA_R dst, const T* FA_R src, long long from, long long rows, long long width) {
-  for (long long d = 0; d < width; ++d) {
-    for (long long c = 0; c < rows; ++c) dst[d * FA_BC + c] = src[(from + c) * width + d];
-    for (long long c = rows; c < FA_BC; ++c) dst[d * FA_BC + c] = 0;
-  }
+FA_FN T fa_row_max(const T* FA_R x, long long n, T init) {
+  T lane[FA_LANES];
+  for (int u = 0; u < FA_LANES; ++u) lane[u] = init;
+  long long c = 0;
+  for (; c + FA_LANES <= n; c += FA_LANES)
+    for (int u = 0; u < FA_LANES; ++u) lane[u] = x[c + u] > lane[u] ? x[c + u] : lane[u];
+  for (; c < n; ++c) lane[0] = x[c] > lane[0] ? x[c] : lane[0];
+  T m = lane[0];
+  for (int u = 1; u < FA_LANES; ++u) m = lane[u] > m ? lane[u] : m;
+  return m;
+}
+template <typename T>
+FA_FN T fa_row_sum(const T* FA_R x, long long n) {
+  T lane[FA_LANES];
+  for (int u = 0; u < FA_LANES; ++u) lane[u] = 0;
+  long long c = 0;
+  for (; c + FA_LANES <= n; c += FA_LANES)
+    for (int u = 0; u < FA_LANES; ++u) lane[u] += x[c + u];
+  for (; c < n; ++c) lane[0] += x[c];
+  T sum = lane[0];
+  for (int u = 1; u < FA_LANES; ++u) sum += lane[u];
+  return sum;
 }
 // One row of scores made final in place: scaled, the mask's row added, keys after query i
 // set to -inf when causal. Separate contiguous loops, so each vectorizes.
@@ -99,43 +179,6 @@ FA_FN void fa_finish_scores(T* FA_R sr, long long nc, T sc, const T* FA_R mask,
   if (causal)
     for (long long c = i - j0 + 1 > 0 ? i - j0 + 1 : 0; c < nc; ++c) sr[c] = fa_ninf(T(0));
 }
-// out[r][c] = sum_d a[r][d] * bt[d][c] for r < rows, c < FA_BC (a's rows `width` apart):
-// four rows at a time share each load of bt and keep their sums in registers. Each sum
-// runs over d in order, whatever the grouping.
-template <typename T>
-FA_FN void fa_dots(T* FA_R out, const T* FA_R a, long long rows, const T* FA_R bt,
-                   long long width) {
-  long long r = 0;
-  for (; r + 4 <= rows; r += 4) {
-    T acc[4][FA_BC];
-    for (int x = 0; x < 4; ++x)
-      for (int c = 0; c < FA_BC; ++c) acc[x][c] = 0;
-    const T* a0 = a + r * width;
-    for (long long d = 0; d < width; ++d) {
-      const T* b = bt + d * FA_BC;
-      const T x0 = a0[d], x1 = a0[width + d], x2 = a0[2 * width + d], x3 = a0[3 * width + d];
-      for (int c = 0; c < FA_BC; ++c) {
-        const T bc = b[c];
-        acc[0][c] += x0 * bc;
-        acc[1][c] += x1 * bc;
-        acc[2][c] += x2 * bc;
-        acc[3][c] += x3 * bc;
-      }
-    }
-    for (int x = 0; x < 4; ++x)
-      for (int c = 0; c < FA_BC; ++c) out[(r + x) * FA_BC + c] = acc[x][c];
-  }
-  for (; r < rows; ++r) {
-    T acc[FA_BC];
-    for (int c = 0; c < FA_BC; ++c) acc[c] = 0;
-    for (long long d = 0; d < width; ++d) {
-      const T x = a[r * width + d];
-      const T* b = bt + d * FA_BC;
-      for (int c = 0; c < FA_BC; ++c) acc[c] += x * b[c];
-    }
-    for (int c = 0; c < FA_BC; ++c) out[r * FA_BC + c] = acc[c];
-  }
-}
 )";
 
 const char* kForwardCpu = R"(
@@ -144,10 +187,11 @@ const long long L = q_shape[1], D = q_shape[2], S = k_shape[1], DV = v_shape[2];
 const long long RB = (L + FA_BR - 1) / FA_BR;
 const bool causal = opts[0] != 0, has_mask = opts[2] != 0;
 const long long div = opts[1];
+const fa_gemm_fn gemm = (fa_gemm_fn)opts[3];
 const T sc = scale[0], ninf = fa_ninf(T(0));
-T* kt = (T*)__builtin_alloca(sizeof(T) * (D * FA_BC + FA_BR * DV));
-T* acc = kt + D * FA_BC;
-T s[FA_BR * FA_BC], m[FA_BR], l[FA_BR];
+T* acc = (T*)__builtin_alloca(sizeof(T) * FA_BR * DV);
+alignas(64) T s[FA_BR * FA_BC];
+T m[FA_BR], l[FA_BR];
 for (long long task = kiln_task_begin; task < kiln_task_end; ++task) {
   const long long n = task / RB, i0 = (task % RB) * FA_BR;
   const long long nr = L - i0 < FA_BR ? L - i0 : FA_BR;
@@ -160,29 +204,25 @@ for (long long task = kiln_task_begin; task < kiln_task_end; ++task) {
   const long long send = causal ? (i0 + nr < S ? i0 + nr : S) : S;
   for (long long j0 = 0; j0 < send; j0 += FA_BC) {
     const long long nc = send - j0 < FA_BC ? send - j0 : FA_BC;
-    fa_transpose(kt, kn, j0, nc, D);
-    fa_dots(s, qn + i0 * D, nr, kt, D);
+    gemm(sizeof(T), 0, 1, nr, nc, D, qn + i0 * D, D, kn + j0 * D, D, 0, s, FA_BC);
     for (long long r = 0; r < nr; ++r) {
       const long long i = i0 + r;
       T* sr = s + r * FA_BC;
       fa_finish_scores(sr, nc, sc, mask, mask_shape, div, n, i, j0, has_mask, causal);
-      T mx = m[r];
-      for (long long c = 0; c < nc; ++c) mx = sr[c] > mx ? sr[c] : mx;
-      if (mx == ninf) continue;  // nothing visible yet: this block adds nothing
+      const T mx = fa_row_max(sr, nc, m[r]);
+      if (mx == ninf) {  // nothing visible yet: this block adds nothing
+        for (long long c = 0; c < nc; ++c) sr[c] = 0;
+        continue;
+      }
       const T alpha = fa_exp(m[r] - mx);
       for (long long c = 0; c < nc; ++c) sr[c] = fa_exp(sr[c] - mx);
-      T rs = 0;
-      for (long long c = 0; c < nc; ++c) rs += sr[c];
-      l[r] = l[r] * alpha + rs;
+      l[r] = l[r] * alpha + fa_row_sum(sr, nc);
       m[r] = mx;
       T* ar = acc + r * DV;
       for (long long e = 0; e < DV; ++e) ar[e] *= alpha;
-      for (long long c = 0; c < nc; ++c) {
-        const T p = sr[c];
-        const T* vj = vn + (j0 + c) * DV;
-        for (long long e = 0; e < DV; ++e) ar[e] += p * vj[e];
-      }
     }
+    // acc += P V over this block's keys.
+    gemm(sizeof(T), 0, 0, nr, DV, nc, s, FA_BC, vn + j0 * DV, DV, 1, acc, DV);
   }
   // A row with nothing visible has l = 0: its output is 0/0 = NaN, as the composed path's.
   for (long long r = 0; r < nr; ++r) {
@@ -196,92 +236,58 @@ for (long long task = kiln_task_begin; task < kiln_task_end; ++task) {
 const char* kBackwardCpu = R"(
 typedef decltype(q[0] + q[0]) T;
 const long long L = q_shape[1], D = q_shape[2], S = k_shape[1], DV = v_shape[2];
-const long long RB = (L + FA_BR - 1) / FA_BR, CB = (S + FA_BC - 1) / FA_BC;
-const long long G = L * D + S * D + S * DV;
+const long long C = L * D > 0 ? (grads_shape[1] - S * (D + DV)) / (L * D) : 1;
+const long long SC = (S + C - 1) / C;  // keys per chunk
+const long long G = C * L * D + S * D + S * DV;
 const bool causal = opts[0] != 0, has_mask = opts[2] != 0;
 const long long div = opts[1];
+const fa_gemm_fn gemm = (fa_gemm_fn)opts[3];
 const T sc = scale[0];
-T* kt = (T*)__builtin_alloca(sizeof(T) * (FA_BC * (D + DV + D + DV) + FA_BR * D));
-T* vt = kt + D * FA_BC;
-T* dka = vt + DV * FA_BC;
-T* dva = dka + FA_BC * D;
-T* dqa = dva + FA_BC * DV;
-T s[FA_BR * FA_BC], dp[FA_BR * FA_BC];
+alignas(64) T s[FA_BR * FA_BC];
+alignas(64) T dp[FA_BR * FA_BC];
 for (long long task = kiln_task_begin; task < kiln_task_end; ++task) {
-  const long long n = task / (RB + CB), b = task % (RB + CB);
+  const long long n = task / C, chunk = task % C;
   const T* qn = q + n * L * D;
   const T* kn = k + n * S * D;
   const T* vn = v + n * S * DV;
   const T* gn = dout + n * L * DV;
   const T* fn = fwd + n * L * (DV + 1);
   const T* dn = delta + n * L;
-  T* dq = grads + n * G;
-  T* dk = dq + L * D;
+  T* dq = grads + n * G + chunk * L * D;  // this chunk's part of dq
+  T* dk = grads + n * G + C * L * D;
   T* dv = dk + S * D;
-  if (b < RB) {  // dq of query rows [i0, i0 + nr)
-    const long long i0 = b * FA_BR, nr = L - i0 < FA_BR ? L - i0 : FA_BR;
-    for (long long x = 0; x < nr * D; ++x) dqa[x] = 0;
-    const long long send = causal ? (i0 + nr < S ? i0 + nr : S) : S;
-    for (long long j0 = 0; j0 < send; j0 += FA_BC) {
-      const long long nc = send - j0 < FA_BC ? send - j0 : FA_BC;
-      fa_transpose(kt, kn, j0, nc, D);
-      fa_transpose(vt, vn, j0, nc, DV);
-      fa_dots(s, qn + i0 * D, nr, kt, D);
-      fa_dots(dp, gn + i0 * DV, nr, vt, DV);
+  const long long k0 = chunk * SC, k1 = k0 + SC < S ? k0 + SC : S;
+  for (long long x = 0; x < L * D; ++x) dq[x] = 0;
+  for (long long j0 = k0; j0 < k1; j0 += FA_BC) {
+    const long long nc = k1 - j0 < FA_BC ? k1 - j0 : FA_BC;
+    T* dkj = dk + j0 * D;
+    T* dvj = dv + j0 * DV;
+    for (long long x = 0; x < nc * D; ++x) dkj[x] = 0;
+    for (long long x = 0; x < nc * DV; ++x) dvj[x] = 0;
+    // Causal: rows i < j0 see none of these keys.
+    for (long long i0 = causal ? j0 : 0; i0 < L; i0 += FA_BR) {
+      const long long nr = L - i0 < FA_BR ? L - i0 : FA_BR;
+      gemm(sizeof(T), 0, 1, nr, nc, D, qn + i0 * D, D, kn + j0 * D, D, 0, s, FA_BC);
+      gemm(sizeof(T), 0, 1, nr, nc, DV, gn + i0 * DV, DV, vn + j0 * DV, DV, 0, dp, FA_BC);
       for (long long r = 0; r < nr; ++r) {
         const long long i = i0 + r;
         const T lse = fn[i * (DV + 1) + DV], di = dn[i];
-        T* qa = dqa + r * D;
         T* sr = s + r * FA_BC;
-        const T* dpr = dp + r * FA_BC;
+        T* dpr = dp + r * FA_BC;
         fa_finish_scores(sr, nc, sc, mask, mask_shape, div, n, i, j0, has_mask, causal);
-        for (long long c = 0; c < nc; ++c) sr[c] = fa_exp(sr[c] - lse) * (dpr[c] - di);
         for (long long c = 0; c < nc; ++c) {
-          const T ds = sr[c];
-          const T* kj = kn + (j0 + c) * D;
-          for (long long d = 0; d < D; ++d) qa[d] += ds * kj[d];
+          sr[c] = fa_exp(sr[c] - lse);
+          dpr[c] = sr[c] * (dpr[c] - di);
         }
       }
+      // dv += P^T dO, dk += dS^T Q, dq += dS K (dS = P * (dP - delta)); scale after.
+      gemm(sizeof(T), 1, 0, nc, DV, nr, s, FA_BC, gn + i0 * DV, DV, 1, dvj, DV);
+      gemm(sizeof(T), 1, 0, nc, D, nr, dp, FA_BC, qn + i0 * D, D, 1, dkj, D);
+      gemm(sizeof(T), 0, 0, nr, D, nc, dp, FA_BC, kn + j0 * D, D, 1, dq + i0 * D, D);
     }
-    for (long long r = 0; r < nr; ++r)
-      for (long long d = 0; d < D; ++d) dq[(i0 + r) * D + d] = dqa[r * D + d] * sc;
-  } else {  // dk and dv of keys [j0, j0 + nc)
-    const long long j0 = (b - RB) * FA_BC, nc = S - j0 < FA_BC ? S - j0 : FA_BC;
-    fa_transpose(kt, kn, j0, nc, D);
-    fa_transpose(vt, vn, j0, nc, DV);
-    for (long long x = 0; x < nc * D; ++x) dka[x] = 0;
-    for (long long x = 0; x < nc * DV; ++x) dva[x] = 0;
-    // Causal: rows i < j0 see none of these keys.
-    for (long long i0 = causal ? j0 : 0; i0 < L; i0 += FA_BR) {
-     const long long nr = L - i0 < FA_BR ? L - i0 : FA_BR;
-     fa_dots(s, qn + i0 * D, nr, kt, D);
-     fa_dots(dp, gn + i0 * DV, nr, vt, DV);
-     for (long long r = 0; r < nr; ++r) {
-      const long long i = i0 + r;
-      const T lse = fn[i * (DV + 1) + DV], di = dn[i];
-      const T* qi = qn + i * D;
-      const T* gi = gn + i * DV;
-      T* sr = s + r * FA_BC;
-      T* dpr = dp + r * FA_BC;
-      fa_finish_scores(sr, nc, sc, mask, mask_shape, div, n, i, j0, has_mask, causal);
-      for (long long c = 0; c < nc; ++c) {
-        sr[c] = fa_exp(sr[c] - lse);
-        dpr[c] = sr[c] * (dpr[c] - di);
-      }
-      for (long long c = 0; c < nc; ++c) {
-        const T p = sr[c], ds = dpr[c];
-        T* va = dva + c * DV;
-        T* ka = dka + c * D;
-        for (long long e = 0; e < DV; ++e) va[e] += p * gi[e];
-        for (long long d = 0; d < D; ++d) ka[d] += ds * qi[d];
-      }
-     }
-    }
-    for (long long c = 0; c < nc; ++c) {
-      for (long long d = 0; d < D; ++d) dk[(j0 + c) * D + d] = dka[c * D + d] * sc;
-      for (long long e = 0; e < DV; ++e) dv[(j0 + c) * DV + e] = dva[c * DV + e];
-    }
+    for (long long x = 0; x < nc * D; ++x) dkj[x] *= sc;
   }
+  for (long long x = 0; x < L * D; ++x) dq[x] *= sc;
 }
 )";
 
@@ -378,6 +384,10 @@ if (t < N * L) {  // dq of one query row
 
 }  // namespace
 
+int64_t flash_gemm_address() {
+  return static_cast<int64_t>(reinterpret_cast<intptr_t>(&flash_gemm));
+}
+
 CustomKernelSpec flash_forward_spec() {
   CustomKernelSpec s;
   s.name = "flash_attention_forward";
@@ -398,8 +408,11 @@ CustomKernelSpec flash_backward_spec() {
   s.outputs = {"grads"};
   s.header = kHeader;
   s.cpu_source = kBackwardCpu;
+  // One task per chunk of keys of each batch-head; the chunk count C is what the caller sized
+  // grads for (C partial dq ahead of dk and dv).
   s.cpu_tasks =
-      "q_shape[0] * ((q_shape[1] + FA_BR - 1) / FA_BR + (k_shape[1] + FA_BC - 1) / FA_BC)";
+      "q_shape[0] * (q_shape[1] * q_shape[2] > 0 ? (grads_shape[1] - k_shape[1] * "
+      "(q_shape[2] + v_shape[2])) / (q_shape[1] * q_shape[2]) : 1)";
   s.cuda_source = kBackwardCuda;
   s.cuda_block = 128;
   return s;
