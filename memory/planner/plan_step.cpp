@@ -55,9 +55,9 @@ struct StepProfile {
   std::vector<double> seconds;  // per kernel in the given order: fastest run seen
   int measured = 0;             // steps that contributed to `seconds`
   ScheduleOrder order = ScheduleOrder::Given;
-  // How `order` was chosen: not yet, by a race with estimated costs (race_schedule_orders),
-  // or by planning every order with the costs settled (choose_schedule_order).
-  enum class Ordered { Not, Raced, Chosen } ordered = Ordered::Not;
+  // When `order` was chosen: not yet, before the costs settled (by a race of the orders, or
+  // near the floor by planning every order), or with the settled costs.
+  enum class Ordered { Not, Unsettled, Settled } ordered = Ordered::Not;
   // The plan made once the costs stopped changing: the same tables, costs and budget always
   // give the same plan, so later steps run it again.
   std::optional<std::pair<PlanMadeFor, PlanDecision>> plan;
@@ -174,19 +174,19 @@ ScheduleOrder measured_order(StepProfileEntry& e, StepGraph& graph, const Planne
   if (measured > 0 && sized)
     for (size_t k = 0; k < graph.kernels.size(); ++k) graph.kernels[k].cost = seconds[k];
   *settled = !timed || (measured >= kTimedSteps && sized);
-  if (!choose_again && (ordered == Ordered::Chosen || (ordered == Ordered::Raced && !*settled)))
+  if (!choose_again &&
+      (ordered == Ordered::Settled || (ordered == Ordered::Unsettled && !*settled)))
     return order;
   if (*settled || choose_again) {
     order = choose_schedule_order(graph, planned, tail,
                                   ordered != Ordered::Not ? order : ScheduleOrder::Given)
                 .order;
-    ordered = Ordered::Chosen;
   } else {
     OrderChoice race = race_schedule_orders(graph, planned, tail, kRaceWorkPerKernel);
     order = race.order;
-    ordered = Ordered::Raced;
     if (raced && race.plan.feasible) raced->emplace(std::move(race.plan));
   }
+  ordered = *settled ? Ordered::Settled : Ordered::Unsettled;
   std::lock_guard<std::mutex> lock(e.mutex);
   e.profile.order = order;
   e.profile.ordered = ordered;
