@@ -8,8 +8,9 @@
 namespace kiln::memory {
 namespace {
 
-// Tighter plans tried for a plan made once.
+// Tighter plans tried for a plan made once, and for a step planned with estimated costs.
 constexpr int kFitRounds = 8;
+constexpr int kQuickFitPlans = 2;
 
 RecomputePlan plan_once(const StepGraph& graph, const PlannerOptions& options, bool thorough,
                         PlannerTuning* policy) {
@@ -218,11 +219,12 @@ ArenaFit fit_once(const StepGraph& graph, const PlannerOptions& options,
 
 // fit_to_budget for a step planned with estimated costs, which plans again on every step
 // until its costs settle: the plan for the whole budget and, when its reserve exceeds the
-// budget, one plan for less by 1.5 times the excess (a tighter plan packs worse: on the
+// budget, a plan for less by 1.5 times the excess (a tighter plan packs worse: on the
 // benchmark LSTM's steps a cut by 9/8 of it left the reserve over the budget at 1.0, twice
-// it took more than the work limit at 0.5, 1.5 times held on every step at both within
-// it), kept when it holds within the work limit. Bisecting for the target and keeping values in
-// gaps took each of those steps 0.2-0.4 s more; the step whose costs settle does both.
+// it took more than the work limit at 0.5), and when that one still exceeds the budget one
+// more, cut again by 1.5 times what remains; kept when it holds within the work limit. Bisecting
+// for the target and keeping values in gaps took each of those steps 0.2-0.4 s more; the step whose
+// costs settle does both.
 ArenaFit fit_quickly(const StepGraph& graph, const PlannerOptions& options,
                      const std::vector<size_t>& bytes, double work_limit, const PoolReserve& pool,
                      const RecomputePlan* whole_plan) {
@@ -241,22 +243,29 @@ ArenaFit fit_quickly(const StepGraph& graph, const PlannerOptions& options,
   };
   ArenaFit whole = fitted(whole_plan ? *whole_plan : simulate_step(graph, options), budget);
   if (!whole.plan.feasible || whole.holds) return whole;
-  const size_t over = whole.reserved - budget;
-  const size_t cut = std::max(over + over / 2, budget / 256);
-  if (cut >= budget) return whole;
-  // The tighter plan is of use only within the work limit: it stops planning past it (near
+  // A tighter plan is of use only within the work limit: it stops planning past it (near
   // the floor, where it would go on into a plan that cannot fit at all).
   PlannerOptions tighter = options;
-  tighter.budget = budget - cut;
   if (whole.plan.base_cost > 0)
     tighter.max_extra_cost =
         std::min(options.max_extra_cost, whole.plan.extra_cost / whole.plan.base_cost + work_limit);
-  ArenaFit fit = fitted(simulate_step(graph, tighter), tighter.budget);
-  if (!fit.plan.feasible || !fit.holds) return whole;
-  whole.reserve_cost = std::max(fit.plan.extra_cost - whole.plan.extra_cost, 0.0);
-  if (whole.reserve_cost > work_limit * whole.plan.base_cost) return whole;
-  fit.reserve_cost = whole.reserve_cost;
-  return fit;
+  size_t cut = 0, over = whole.reserved - budget;
+  for (int round = 0; round < kQuickFitPlans; ++round) {
+    cut += std::max(over + over / 2, budget / 256);
+    if (cut >= budget) break;
+    tighter.budget = budget - cut;
+    ArenaFit fit = fitted(simulate_step(graph, tighter), tighter.budget);
+    if (!fit.plan.feasible) break;  // past the work limit, or below the floor
+    if (!fit.holds) {               // cut again by 1.5 times what it still exceeds
+      over = fit.reserved - budget;
+      continue;
+    }
+    whole.reserve_cost = std::max(fit.plan.extra_cost - whole.plan.extra_cost, 0.0);
+    if (whole.reserve_cost > work_limit * whole.plan.base_cost) return whole;
+    fit.reserve_cost = whole.reserve_cost;
+    return fit;
+  }
+  return whole;
 }
 
 }  // namespace

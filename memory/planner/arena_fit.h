@@ -57,7 +57,7 @@ struct ArenaFit {
 /// budget, then keeps what fits in the arena's gaps. `bytes` are the values' arena sizes
 /// (plan_arena). `thorough` (a plan made once and reused) uses simulate_best and refined
 /// placements, bisects for the target in up to eight plans and keeps values in gaps;
-/// otherwise (a step planned with estimated costs) one tighter plan is tried at most, and
+/// otherwise (a step planned with estimated costs) two tighter plans are tried at most, and
 /// `whole_plan`, when given, is simulate_step(graph, options) made already. When no tighter plan
 /// fits (near the floor), or the one that does would add more than `work_limit` × the step's work
 /// in rebuilds (`reserve_cost` says how much), the plan for the whole budget is returned with holds
