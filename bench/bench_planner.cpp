@@ -75,12 +75,11 @@ uint64_t actions_hash(const std::vector<PlanAction>& actions) {
   return h;
 }
 
-// CPU time of the process (every thread: the planner runs placements and the order race on
-// the thread pool): on a machine shared with other work, what planning cost apart from the
-// time it waited for a core.
-double cpu_ms() {
+// CPU time of this thread: on a machine shared with other work, what planning cost apart
+// from the time it waited for a core.
+double thread_cpu_ms() {
   timespec t{};
-  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
   return static_cast<double>(t.tv_sec) * 1e3 + static_cast<double>(t.tv_nsec) * 1e-6;
 }
 
@@ -105,13 +104,13 @@ int settling(const std::vector<std::string>& files) {
   std::printf("%-5s %10s %7s %-8s %9s %9s %8s %10s %10s %5s %16s\n", "step", "planner ms", "cpu ms",
               "order", "extra", "rebuilds", "reused", "peak", "reserve", "held", "actions");
   for (size_t s = 0; s < steps.size(); ++s) {
-    const double cpu_start = cpu_ms();
+    const double cpu_start = thread_cpu_ms();
     const mem::StepPlan plan = mem::plan_step(g, request);
-    const double cpu = cpu_ms() - cpu_start;
+    const double cpu_ms = thread_cpu_ms() - cpu_start;
     const mem::RecomputePlan& p = *plan.actions;
     const size_t reserve = request.pool.reserved(*plan.arena);
     std::printf("%-5zu %10.1f %7.1f %-8s %8.2f%% %9zu %8s %10s %10s %5s %016llx\n", s + 1,
-                plan.planner_ms, cpu, mem::order_name(plan.order),
+                plan.planner_ms, cpu_ms, mem::order_name(plan.order),
                 p.base_cost > 0 ? 100.0 * p.extra_cost / p.base_cost : 0.0, p.recomputes,
                 plan.reused ? "yes" : "no", mem::format_bytes(p.peak).c_str(),
                 mem::format_bytes(reserve).c_str(), reserve <= request.budget ? "yes" : "no",

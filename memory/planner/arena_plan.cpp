@@ -3,8 +3,6 @@
 #include <algorithm>
 #include <limits>
 
-#include "../../core/thread_pool.h"
-
 namespace kiln::memory {
 namespace {
 
@@ -373,34 +371,18 @@ ArenaPlan plan_arena(const StepGraph& graph, const std::vector<PlanAction>& acti
   int64_t live = 0;
   for (int64_t d : delta) plan.live_peak = std::max(plan.live_peak, static_cast<size_t>(live += d));
 
-  // Greedy by size, then the skyline rules: none is best on every step. The five
-  // placements are independent, so they run side by side on the thread pool (greedy, the
-  // slowest, in the second half of the list the pool splits); the first smallest is kept,
-  // looking no further once one needs only the bytes alive at once, as one after another.
-  constexpr SkylineRule kRules[] = {SkylineRule::Largest, SkylineRule::Longest, SkylineRule::Area,
-                                    SkylineRule::Edge};
-  constexpr int kGreedyAt = 3;  // where greedy runs among the five
-  std::vector<std::vector<int64_t>> placed(5, std::vector<int64_t>(slots.size(), -1));
-  std::vector<size_t> placed_bytes(5, 0);
-  thread_pool().parallel_for(freed.empty() ? 1 : 5, 1, [&](int64_t begin, int64_t end) {
-    for (auto i = static_cast<size_t>(begin); i < static_cast<size_t>(end); ++i) {
-      // Run i places greedy at kGreedyAt and rule j at the j-th of the other slots.
-      const size_t rule = i < kGreedyAt ? i : i - 1;
-      const size_t keep = i == kGreedyAt ? 0 : rule + 1;
-      placed_bytes[keep] = i == kGreedyAt
-                               ? place(slots, by_size, placed[keep])
-                               : place_skyline(slots, freed, static_cast<int>(actions.size()),
-                                               kRules[rule], placed[keep]);
-    }
-  });
-  size_t best_bytes = placed_bytes[0];
-  std::vector<int64_t> best_offsets = std::move(placed[0]);
-  const size_t best_order_bytes = best_bytes;
-  for (size_t r = 1; r < placed.size(); ++r) {
-    if (freed.empty() || best_bytes <= plan.live_peak) break;
-    if (placed_bytes[r] < best_bytes) best_bytes = placed_bytes[r], best_offsets = placed[r];
-  }
   std::vector<int64_t> offset(slots.size(), -1);
+  size_t best_bytes = place(slots, by_size, offset);
+  std::vector<int64_t> best_offsets = offset;
+  const size_t best_order_bytes = best_bytes;
+  // The skyline rules: none is best on every step either, nor is greedy by size.
+  for (SkylineRule rule :
+       {SkylineRule::Largest, SkylineRule::Longest, SkylineRule::Area, SkylineRule::Edge}) {
+    if (freed.empty() || best_bytes <= plan.live_peak) break;
+    const size_t bytes =
+        place_skyline(slots, freed, static_cast<int>(actions.size()), rule, offset);
+    if (bytes < best_bytes) best_bytes = bytes, best_offsets = offset;
+  }
   if (hint != nullptr && !freed.empty() && best_bytes > plan.live_peak) {
     const size_t bytes = place_as_hinted(slots, freed, *hint, offset);
     if (bytes < best_bytes) best_bytes = bytes, best_offsets = offset;

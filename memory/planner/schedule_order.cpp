@@ -5,8 +5,6 @@
 #include <iterator>
 #include <set>
 
-#include "../../core/thread_pool.h"
-
 namespace kiln::memory {
 namespace {
 
@@ -233,44 +231,38 @@ OrderChoice race_schedule_orders(const StepGraph& graph, const PlannerOptions& o
                                  size_t fixed_tail, size_t work_per_kernel) {
   PlannerOptions limited = options;
   limited.max_work = std::max<size_t>(work_per_kernel * graph.kernels.size(), 1);
-  // The orders race side by side on the thread pool, each within the same work and to the
-  // same cap, so the winner does not depend on the threads (a finished plan would only have
-  // stopped the others sooner, not changed which wins).
-  const std::vector<ScheduleOrder>& orders = all_orders();
-  std::vector<OrderChoice> runs(orders.size());
-  thread_pool().parallel_for(
-      static_cast<int64_t>(orders.size()), 1, [&](int64_t begin, int64_t end) {
-        for (auto i = static_cast<size_t>(begin); i < static_cast<size_t>(end); ++i) {
-          OrderChoice& run = runs[i];
-          run.order = orders[i];
-          run.perm = schedule_order(graph, run.order, fixed_tail);
-          run.plan = simulate_step(
-              run.order == ScheduleOrder::Given ? graph : reorder_to_run(graph, run.perm), limited);
-        }
-      });
   // How far a plan got: the kernels it ran (all of them when it finished).
   auto reached = [](const RecomputePlan& plan) {
     return std::count_if(plan.actions.begin(), plan.actions.end(),
                          [](const PlanAction& a) { return a.kind == PlanAction::Kind::Run; });
   };
-  size_t best = 0;
-  for (size_t i = 1; i < runs.size(); ++i) {
-    const RecomputePlan &plan = runs[i].plan, &lead = runs[best].plan;
+  OrderChoice best;
+  bool have = false;
+  for (ScheduleOrder order : all_orders()) {
+    std::vector<int> perm = schedule_order(graph, order, fixed_tail);
+    RecomputePlan plan =
+        simulate_step(order == ScheduleOrder::Given ? graph : reorder_to_run(graph, perm), limited);
     bool better;
-    if (plan.feasible != lead.feasible) {
+    if (!have) {
+      better = true;
+    } else if (plan.feasible != best.plan.feasible) {
       better = plan.feasible;
     } else if (plan.feasible) {  // as choose_schedule_order; ties to the earlier order
       better = options.budget > 0
-                   ? plan.extra_cost < lead.extra_cost ||
-                         (plan.extra_cost == lead.extra_cost && plan.peak < lead.peak)
-                   : plan.peak < lead.peak;
+                   ? plan.extra_cost < best.plan.extra_cost ||
+                         (plan.extra_cost == best.plan.extra_cost && plan.peak < best.plan.peak)
+                   : plan.peak < best.plan.peak;
     } else {
-      const auto a = reached(plan), b = reached(lead);
-      better = a > b || (a == b && plan.extra_cost < lead.extra_cost);
+      const auto a = reached(plan), b = reached(best.plan);
+      better = a > b || (a == b && plan.extra_cost < best.plan.extra_cost);
     }
-    if (better) best = i;
+    if (better) best = {order, std::move(perm), std::move(plan)}, have = true;
+    // A finished plan bounds the others' recomputation, as in choose_schedule_order.
+    if (options.budget > 0 && best.plan.feasible && best.plan.base_cost > 0)
+      limited.max_extra_cost =
+          std::min(limited.max_extra_cost, best.plan.extra_cost / best.plan.base_cost);
   }
-  return std::move(runs[best]);
+  return best;
 }
 
 }  // namespace kiln::memory
