@@ -7,7 +7,9 @@
 // minutes apart, so a baseline measured once per model decided rows by noise); the extra
 // fields carry
 // peak_bytes (the pool's measured peak of allocated bytes over the timed steps),
-// budget_bytes, the unplanned peak, the planned peak, the planner's time per step, the
+// budget_bytes, the unplanned peak, the planned peak, the planner's time per step (the
+// timed steps run the stored plan; first_planner_ms is the first budgeted step's, planned
+// with estimated costs, and settling_planner_ms the step whose costs settle), the
 // rebuilds per step, the extra work and its floor (the least any plan needs at that budget,
 // memory/planner/work_floor.h, on the tables of an unplanned step), the arena's size and bytes
 // alive at once (memory/planner/arena_plan.h), and the pool's reserved/allocated ratio at the peak
@@ -168,8 +170,8 @@ struct Measured : PlanFigures {
 
 // kiln times a step's first three runs and fixes its plan, kernel order and arena on the
 // fourth (docs/memory.md, "Plans made once"); a training loop runs the fixed plan from then
-// on, so that is what the rows time. The first steps plan again each time (0.35-0.6 s
-// more on the LSTM, fitting the reserve) and the fixing step takes longer still.
+// on, so that is what the rows time. The first steps plan again each time, quickly (an
+// order race and at most two plans); the fixing step searches thoroughly.
 constexpr int kSettlingSteps = 4;
 
 // `reps` timed steps after `warmup` untimed ones; peaks over the timed steps.
@@ -227,13 +229,19 @@ memory::StepGraph step_tables(const Model& model, int seq) {
 struct Paired : PlanFigures {
   double ms = 0, base_ms = 0, cpu_ms = -1, base_cpu_ms = -1;
   size_t peak = 0;
+  // Planning time of the first budgeted step and of the step whose costs settle.
+  double first_planner_ms = 0, settling_planner_ms = 0;
 };
 
 Paired measure_paired(const Model& model, int reps, int seq, size_t budget) {
   memory::set_budget(budget);
-  for (int i = 0; i < kSettlingSteps; ++i) model.step(seq);
-  Samples times, base;
   Paired m;
+  for (int i = 0; i < kSettlingSteps; ++i) {
+    model.step(seq);
+    if (i == 0) m.first_planner_ms = memory::last_plan().planner_ms;
+    if (i == kSettlingSteps - 1) m.settling_planner_ms = memory::last_plan().planner_ms;
+  }
+  Samples times, base;
   for (int i = 0; i < reps; ++i) {
     memory::clear_budget();
     model.step(seq);
@@ -360,13 +368,14 @@ int main(int argc, char** argv) {
         const memory::WorkFloor floor_at = memory::extra_work_floor(tables, budget);
         const double floor_pct =
             floor_at.base_cost > 0 ? 100.0 * floor_at.extra_cost / floor_at.base_cost : 0;
-        char note[220];
+        char note[260];
         std::snprintf(note, sizeof note,
                       "peak %s / budget %s (%.2f of peak)%s, +%.1f%% work (floor %.1f%%), "
-                      "reserved/alloc %.3f",
+                      "reserved/alloc %.3f, planning %.0f ms first, %.0f ms settling",
                       memory::format_bytes(peak).c_str(), memory::format_bytes(budget).c_str(),
                       static_cast<double>(budget) / static_cast<double>(base.peak),
-                      peak <= budget ? "" : " OVER", m.extra_pct, floor_pct, alone.reserve_ratio);
+                      peak <= budget ? "" : " OVER", m.extra_pct, floor_pct, alone.reserve_ratio,
+                      m.first_planner_ms, m.settling_planner_ms);
         r.note = note;
         r.extra = {{"peak_bytes", static_cast<double>(peak)},
                    {"budget_bytes", static_cast<double>(budget)},
@@ -374,6 +383,8 @@ int main(int argc, char** argv) {
                    {"of_peak", static_cast<double>(budget) / static_cast<double>(base.peak)},
                    {"planned_peak_bytes", static_cast<double>(m.planned_peak)},
                    {"planner_ms", m.planner_ms},
+                   {"first_planner_ms", m.first_planner_ms},
+                   {"settling_planner_ms", m.settling_planner_ms},
                    {"rebuilds", m.rebuilds},
                    {"extra_work_pct", m.extra_pct},
                    {"work_floor_pct", floor_pct},

@@ -82,3 +82,52 @@ TEST_CASE("plan_step reports an infeasible budget with its bound and smallest bu
   CHECK(p.unplanned_peak == 509);
   CHECK_FALSE(p.actions->failure.empty());
 }
+
+TEST_CASE("plan_step plans quickly within the budget until the costs settle, then as if settled",
+          "[planner][plan_step]") {
+  // A CPU step: timed, with an arena of the values' own sizes. Until three steps have been
+  // timed each plan is the quick one (an order race, one tighter plan at most); the step
+  // whose costs settle makes the plan `kiln plan` would make of the same tables with those
+  // costs, and later steps run it again.
+  for (uint64_t seed : {3u, 4u}) {
+    const StepGraph g = lstm_step(60, seed);
+    const size_t lb = lower_bound(g), top = unbudgeted_peak(g);
+    // Measured times unlike the estimates, so the settled costs choose for themselves.
+    std::vector<double> measured(g.kernels.size());
+    for (size_t k = 0; k < g.kernels.size(); ++k)
+      measured[k] = g.kernels[k].cost * (0.5 + 0.25 * static_cast<double>(k % 5));
+    for (double share : {0.5, 0.33}) {
+      const auto budget = lb + static_cast<size_t>(share * static_cast<double>(top - lb));
+      INFO("seed " << seed << ", budget " << budget);
+      PlanRequest request = untimed(budget);
+      request.timed = true;
+      request.arena = true;
+      for (const PlanValue& v : g.values) request.arena_bytes.push_back(v.bytes);
+      StepPlan p;
+      for (int step = 0; step < 4; ++step) {
+        p = kiln::memory::plan_step(g, request);
+        REQUIRE(p.feasible);
+        CHECK_FALSE(p.reused);
+        CHECK(p.actions->peak <= budget);
+        CHECK(replay(p.graph, *p.actions, budget).error == "");
+        REQUIRE(p.arena);
+        if (step == 3) break;
+        std::vector<double> seconds(p.perm.size());
+        for (size_t i = 0; i < p.perm.size(); ++i)
+          seconds[i] = measured[static_cast<size_t>(p.perm[i])];
+        kiln::memory::record_kernel_times(p, seconds);
+      }
+      StepGraph settled_tables = g;
+      for (size_t k = 0; k < g.kernels.size(); ++k)
+        settled_tables.kernels[k].cost = std::max(measured[k], 1e-7);
+      PlanRequest settled = request;
+      settled.timed = false;
+      const StepPlan thorough = kiln::memory::plan_step(settled_tables, settled);
+      CHECK(p.order == thorough.order);
+      CHECK(render(p.actions->actions) == render(thorough.actions->actions));
+      CHECK(p.arena->bytes == thorough.arena->bytes);
+      CHECK(p.fitted_for == thorough.fitted_for);
+      CHECK(kiln::memory::plan_step(g, request).reused);
+    }
+  }
+}

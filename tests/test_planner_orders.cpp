@@ -214,3 +214,60 @@ TEST_CASE("planner step graphs survive a round trip through a file", "[planner]"
   CHECK_THROWS_AS(load_step_graph(path + ".missing"), kiln::IOError);
   std::filesystem::remove(path);
 }
+
+TEST_CASE("planner order race keeps choose_schedule_order's order when every plan finishes",
+          "[planner]") {
+  std::mt19937_64 rng(23);
+  StepShape shape;
+  shape.min_forward = 10;
+  shape.max_forward = 40;
+  int raced = 0;
+  for (int n = 0; n < 30; ++n) {
+    const StepGraph g = random_step(rng, shape);
+    const size_t lb = lower_bound(g), top = unbudgeted_peak(g);
+    PlannerOptions o;
+    o.budget = lb + (top - lb) / 2;
+    const size_t tail = unread_tail(g);
+    INFO("graph " << n << ", budget " << o.budget);
+    const kiln::memory::OrderChoice full = kiln::memory::choose_schedule_order(g, o, tail);
+    // Work enough for any plan of a step this small: the race is the full choice.
+    const kiln::memory::OrderChoice race =
+        kiln::memory::race_schedule_orders(g, o, tail, size_t{1} << 40);
+    CHECK(race.plan.feasible == full.plan.feasible);
+    if (!full.plan.feasible) continue;
+    ++raced;
+    CHECK(race.order == full.order);
+    CHECK(race.perm == full.perm);
+    // Its plan is the one of the winner's tables as a step runs them.
+    const StepGraph ran = race.order == kiln::memory::ScheduleOrder::Given
+                              ? g
+                              : kiln::memory::reorder_to_run(g, race.perm);
+    CHECK(render(race.plan.actions) == render(simulate_step(ran, o).actions));
+    // With no work allowed, no plan that evicts finishes, and an order is still named.
+    const kiln::memory::OrderChoice starved = kiln::memory::race_schedule_orders(g, o, tail, 0);
+    CHECK(check_order(g, starved.perm, tail) == "");
+  }
+  CHECK(raced > 10);
+}
+
+TEST_CASE("planner max_work stops a plan without changing one that finishes within it",
+          "[planner]") {
+  const StepGraph g = lstm_step(40, 5);
+  const size_t lb = lower_bound(g), top = unbudgeted_peak(g);
+  PlannerOptions o;
+  o.budget = lb + (top - lb) / 3;
+  const RecomputePlan free = simulate_step(g, o);
+  REQUIRE(free.feasible);
+  REQUIRE(free.work > 0);
+  o.max_work = free.work;  // stops only once past it
+  const RecomputePlan enough = simulate_step(g, o);
+  CHECK(enough.feasible);
+  CHECK(render(enough.actions) == render(free.actions));
+  CHECK(enough.work == free.work);
+  o.max_work = free.work / 4;
+  const RecomputePlan stopped = simulate_step(g, o);
+  CHECK_FALSE(stopped.feasible);
+  CHECK(stopped.over_work);
+  CHECK(stopped.work > o.max_work);
+  CHECK(stopped.work < free.work);
+}

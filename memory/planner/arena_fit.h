@@ -56,13 +56,16 @@ struct ArenaFit {
 /// Plans `graph` under `options.budget` so that its arena and the blocks outside it fit the
 /// budget, then keeps what fits in the arena's gaps. `bytes` are the values' arena sizes
 /// (plan_arena). `thorough` (a plan made once and reused) uses simulate_best and refined
-/// placements. When no tighter plan fits (near the floor), or the one that does would add
-/// more than `work_limit` × the step's work in rebuilds (`reserve_cost` says how much), the
-/// plan for the whole budget is returned with holds = false: its allocated bytes keep the
-/// budget, its reserve does not. plan.feasible is false only when the budget itself cannot
-/// be planned. `pool` says what an arena and the outside blocks reserve.
+/// placements, bisects for the target in up to eight plans and keeps values in gaps;
+/// otherwise (a step planned with estimated costs) two tighter plans are tried at most, and
+/// `whole_plan`, when given, is simulate_step(graph, options) made already. When no tighter plan
+/// fits (near the floor), or the one that does would add more than `work_limit` × the step's work
+/// in rebuilds (`reserve_cost` says how much), the plan for the whole budget is returned with holds
+/// = false: its allocated bytes keep the budget, its reserve does not. plan.feasible is false only
+/// when the budget itself cannot be planned. `pool` says what an arena and the outside blocks
+/// reserve.
 ArenaFit fit_to_budget(const StepGraph& graph, const PlannerOptions& options,
                        const std::vector<size_t>& bytes, bool thorough, double work_limit,
-                       const PoolReserve& pool = {});
+                       const PoolReserve& pool = {}, const RecomputePlan* whole_plan = nullptr);
 
 }  // namespace kiln::memory

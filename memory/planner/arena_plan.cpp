@@ -17,29 +17,64 @@ struct Slot {
   int kernel = -1, run = -1;  // the run that allocates it
 };
 
+// Slots placed so far, by offset, as columns: finding a new slot's gap reads only the
+// offsets and lifetimes.
+struct PlacedSlots {
+  std::vector<size_t> at, bytes;
+  std::vector<int> start, end;
+
+  void insert(size_t offset, const Slot& s) {
+    const auto pos = std::lower_bound(at.begin(), at.end(), offset) - at.begin();
+    at.insert(at.begin() + pos, offset);
+    bytes.insert(bytes.begin() + pos, s.bytes);
+    start.insert(start.begin() + pos, s.start);
+    end.insert(end.begin() + pos, s.end);
+  }
+
+  // The smallest gap between the placed slots alive with `s` that `s` fits, else the top of
+  // them. `alive` is scratch: the slots alive with `s` are collected in one branch-free pass
+  // over the lifetimes first.
+  size_t gap_for(const Slot& s, std::vector<uint32_t>& alive) const {
+    const size_t n = at.size();
+    if (alive.size() < n) alive.resize(n);
+    size_t m = 0;
+    for (size_t j = 0; j < n; ++j) {
+      alive[m] = static_cast<uint32_t>(j);
+      m += static_cast<size_t>((end[j] >= s.start) & (start[j] <= s.end));
+    }
+    size_t best = std::numeric_limits<size_t>::max(), best_gap = best, top = 0;
+    for (size_t a = 0; a < m; ++a) {
+      const size_t o = at[alive[a]];
+      if (o >= top && o - top >= s.bytes && o - top < best_gap) best = top, best_gap = o - top;
+      top = std::max(top, o + bytes[alive[a]]);
+    }
+    return best != std::numeric_limits<size_t>::max() ? best : top;
+  }
+};
+
 // Places `order`'s slots one by one, each in the smallest gap between the slots placed
 // before it that are alive at the same time, else above them all; returns the arena's size.
+// Scanning every placed slot for each new one is quadratic (most of placing an LSTM step of
+// thousands of rebuilds), so the placed slots are also kept per stretch of time: a slot that
+// lies within one stretch only needs the slots that touch it, in the same offset order.
 size_t place(const std::vector<Slot>& slots, const std::vector<int>& order,
              std::vector<int64_t>& offset) {
+  constexpr int kStretches = 64;
+  int horizon = 1;
+  for (int i : order) horizon = std::max(horizon, slots[static_cast<size_t>(i)].end + 1);
+  const int width = (horizon + kStretches - 1) / kStretches;
+  PlacedSlots all;
+  std::vector<PlacedSlots> stretch(kStretches);
+  std::vector<uint32_t> alive;
   size_t size = 0;
-  std::vector<int> placed;  // by offset
   for (int i : order) {
     const Slot& s = slots[static_cast<size_t>(i)];
-    size_t best = std::numeric_limits<size_t>::max(), best_gap = best, top = 0;
-    for (int j : placed) {
-      const Slot& p = slots[static_cast<size_t>(j)];
-      if (p.end < s.start || s.end < p.start) continue;
-      const auto at = static_cast<size_t>(offset[static_cast<size_t>(j)]);
-      if (at >= top && at - top >= s.bytes && at - top < best_gap) best = top, best_gap = at - top;
-      top = std::max(top, at + p.bytes);
-    }
-    const size_t at = best != std::numeric_limits<size_t>::max() ? best : top;
+    const int first = s.start / width, last = s.end / width;
+    const size_t at = (first == last ? stretch[static_cast<size_t>(first)] : all).gap_for(s, alive);
     offset[static_cast<size_t>(i)] = static_cast<int64_t>(at);
     size = std::max(size, at + s.bytes);
-    auto pos = std::lower_bound(placed.begin(), placed.end(), at, [&](int j, size_t off) {
-      return static_cast<size_t>(offset[static_cast<size_t>(j)]) < off;
-    });
-    placed.insert(pos, i);
+    all.insert(at, s);
+    for (int t = first; t <= last; ++t) stretch[static_cast<size_t>(t)].insert(at, s);
   }
   return size;
 }
@@ -119,6 +154,7 @@ size_t place_skyline(const std::vector<Slot>& slots, std::vector<int> ids, int h
       if (const double sc = score(c, at); sc > best_score)
         best_score = sc, best = ids[k], best_at = k;
     }
+    size_t changed = 1;  // stretches from `low` on that changed
     if (best < 0) {
       // Nothing fits: raise the stretch to its lower neighbour (one exists: every value
       // fits the whole step, so the lowest stretch is never alone while values are left).
@@ -138,16 +174,22 @@ size_t place_skyline(const std::vector<Slot>& slots, std::vector<int> ids, int h
       if (s.end < at.to) parts.push_back({s.end + 1, at.to, at.height});
       sky.erase(sky.begin() + static_cast<std::ptrdiff_t>(low));
       sky.insert(sky.begin() + static_cast<std::ptrdiff_t>(low), parts.begin(), parts.end());
+      changed = parts.size();
     }
-    // Neighbours of equal height are one stretch.
-    size_t kept = 0;
-    for (size_t i = 0; i < sky.size(); ++i) {
-      if (kept > 0 && sky[kept - 1].height == sky[i].height)
+    // Neighbours of equal height are one stretch. Only the changed stretches and their
+    // neighbours can be: merging there alone keeps a step with thousands of stretches from
+    // copying all of them on every value placed.
+    const size_t from_i = low > 0 ? low - 1 : 0;
+    const size_t to_i = std::min(sky.size(), low + changed + 1);
+    size_t kept = from_i;
+    for (size_t i = from_i; i < to_i; ++i) {
+      if (kept > from_i && sky[kept - 1].height == sky[i].height)
         sky[kept - 1].to = sky[i].to;
       else
         sky[kept++] = sky[i];
     }
-    sky.resize(kept);
+    sky.erase(sky.begin() + static_cast<std::ptrdiff_t>(kept),
+              sky.begin() + static_cast<std::ptrdiff_t>(to_i));
   }
   return size;
 }

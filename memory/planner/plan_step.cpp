@@ -55,7 +55,9 @@ struct StepProfile {
   std::vector<double> seconds;  // per kernel in the given order: fastest run seen
   int measured = 0;             // steps that contributed to `seconds`
   ScheduleOrder order = ScheduleOrder::Given;
-  int ordered_with = -1;  // `measured` when `order` was chosen (-1: not yet)
+  // When `order` was chosen: not yet, before the costs settled (by a race of the orders, or
+  // near the floor by planning every order), or with the settled costs.
+  enum class Ordered { Not, Unsettled, Settled } ordered = Ordered::Not;
   // The plan made once the costs stopped changing: the same tables, costs and budget always
   // give the same plan, so later steps run it again.
   std::optional<std::pair<PlanMadeFor, PlanDecision>> plan;
@@ -81,6 +83,10 @@ using Clock = std::chrono::steady_clock;
 constexpr int kTimedSteps = 3;
 // Profiles kept at most: a long run of ever-new shapes starts the cache afresh.
 constexpr size_t kMaxProfiles = 1024;
+// The work each order may take in the race of a step's first plan, per kernel
+// (PlannerOptions::max_work): the benchmark LSTM's order finishes within 55 at half its
+// releasable bytes, where each other order needs thousands.
+constexpr size_t kRaceWorkPerKernel = 64;
 
 // FNV-1a over 64-bit words: the key only needs to find candidates within one process.
 struct KeyHash {
@@ -143,31 +149,47 @@ ProfileCache& profiles() {
   return cache;
 }
 
-// Puts the measured costs into `graph` (given order) and returns the kernel order to use,
-// choosing it again once the first two steps have been timed (the first includes
-// compiling), or when `choose_again`. `*settled`: the costs are final.
+// Puts the measured costs into `graph` (given order) and returns the kernel order to use.
+// Before the costs settle the order comes from a race of the orders (each planned with a
+// bounded amount of work), chosen once: the estimated costs of the first steps would not
+// choose the order the step keeps anyway. The step whose costs settle chooses it by
+// planning every order in full, as does `choose_again`. `*settled`: the costs are final.
+// `*raced` receives the race's plan for the order returned when it ran and finished (else
+// it is left alone).
 ScheduleOrder measured_order(StepProfileEntry& e, StepGraph& graph, const PlannerOptions& planned,
-                             size_t tail, bool timed, bool* settled, bool choose_again) {
+                             size_t tail, bool timed, bool* settled, bool choose_again,
+                             std::optional<RecomputePlan>* raced = nullptr) {
+  using Ordered = StepProfile::Ordered;
   std::vector<double> seconds;
-  int measured, ordered_with;
+  int measured;
+  Ordered ordered;
   ScheduleOrder order;
   {
     std::lock_guard<std::mutex> lock(e.mutex);
     seconds = e.profile.seconds;
-    measured = e.profile.measured, ordered_with = e.profile.ordered_with;
+    measured = e.profile.measured, ordered = e.profile.ordered;
     order = e.profile.order;
   }
   const bool sized = seconds.size() == graph.kernels.size();
   if (measured > 0 && sized)
     for (size_t k = 0; k < graph.kernels.size(); ++k) graph.kernels[k].cost = seconds[k];
   *settled = !timed || (measured >= kTimedSteps && sized);
-  if (!choose_again && ordered_with >= 0 && (ordered_with >= 2 || measured < 2)) return order;
-  order =
-      choose_schedule_order(graph, planned, tail, ordered_with >= 0 ? order : ScheduleOrder::Given)
-          .order;
+  if (!choose_again &&
+      (ordered == Ordered::Settled || (ordered == Ordered::Unsettled && !*settled)))
+    return order;
+  if (*settled || choose_again) {
+    order = choose_schedule_order(graph, planned, tail,
+                                  ordered != Ordered::Not ? order : ScheduleOrder::Given)
+                .order;
+  } else {
+    OrderChoice race = race_schedule_orders(graph, planned, tail, kRaceWorkPerKernel);
+    order = race.order;
+    if (raced && race.plan.feasible) raced->emplace(std::move(race.plan));
+  }
+  ordered = *settled ? Ordered::Settled : Ordered::Unsettled;
   std::lock_guard<std::mutex> lock(e.mutex);
   e.profile.order = order;
-  e.profile.ordered_with = measured;
+  e.profile.ordered = ordered;
   return order;
 }
 
@@ -257,7 +279,9 @@ StepPlan plan_step(const StepGraph& given, const PlanRequest& request) {
   out.profile = profile;
   StepGraph graph = given;
   bool settled = false;
-  out.order = measured_order(*profile, graph, planned, tail, request.timed, &settled, false);
+  std::optional<RecomputePlan> raced;  // the order race's plan, when it made one
+  out.order =
+      measured_order(*profile, graph, planned, tail, request.timed, &settled, false, &raced);
   out.graph = in_order(graph, out.order, tail, &out.perm);
 
   // 2. A plan made once the costs settled runs again as it is.
@@ -270,7 +294,7 @@ StepPlan plan_step(const StepGraph& given, const PlanRequest& request) {
     // best of a few policies, searched for better evictions.
     if (request.arena) {
       fit = fit_to_budget(out.graph, planned, request.arena_bytes, settled, request.reserve_limit,
-                          request.pool);
+                          request.pool, raced ? &*raced : nullptr);
       if (settled && fit->plan.feasible && !fit->holds) {
         // 3a. The order was chosen for the least recomputation, not for packing: another
         // order may hold the reserve where this one cannot. Take the one that does with
@@ -281,6 +305,13 @@ StepPlan plan_step(const StepGraph& given, const PlanRequest& request) {
           if (other == chosen) continue;
           std::vector<int> perm;
           StepGraph ordered = in_order(graph, other, tail, &perm);
+          // An order is fitted only when its plain plan for the whole budget needs at most
+          // twice the limit: a fitted plan is made for less than the budget, and fitting
+          // orders that could not plan the budget at all took 26 of the 30 s the LSTM's
+          // settling step spent at a third of its releasable bytes.
+          PlannerOptions screen = planned;
+          screen.max_extra_cost = 2 * limit / std::max(fit->plan.base_cost, 1e-30);
+          if (!simulate_step(ordered, screen).feasible) continue;
           ArenaFit tried = fit_to_budget(ordered, planned, request.arena_bytes, true,
                                          request.reserve_limit, request.pool);
           if (tried.plan.feasible && tried.holds && tried.plan.extra_cost <= limit) {
@@ -300,7 +331,7 @@ StepPlan plan_step(const StepGraph& given, const PlanRequest& request) {
       made =
           search_evictions(out.graph, std::move(made), PlannerOptions(planned.budget, out.tuning));
     } else {
-      made = simulate_step(out.graph, planned);
+      made = raced ? std::move(*raced) : simulate_step(out.graph, planned);
     }
     if (!made.feasible) {
       // 3b. Near the floor an order chosen with earlier costs may no longer fit with

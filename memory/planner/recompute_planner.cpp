@@ -269,6 +269,7 @@ class Engine {
       stack_.pop_back();
       if (kstamp_[static_cast<size_t>(k)] == stamp_) continue;
       kstamp_[static_cast<size_t>(k)] = stamp_;
+      ++plan_.work;
       const PlanKernel& kernel = g_.kernels[static_cast<size_t>(k)];
       if (!kernel.recomputable) return kUnrebuildable;
       total += kernel.cost;
@@ -411,6 +412,11 @@ class Engine {
     while (usage() + (machine_ && value >= 0 ? machine_->bytes_for(value) : need) > o_.budget) {
       if (plan_.extra_cost > o_.max_extra_cost * plan_.base_cost) {
         ok = fail(over_cap());
+        break;
+      }
+      if (o_.max_work > 0 && plan_.work > o_.max_work && !machine_) {
+        plan_.over_work = plan_.feasible;
+        ok = fail("planning stopped after " + std::to_string(plan_.work) + " steps of work");
         break;
       }
       int v = pick();

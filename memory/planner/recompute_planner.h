@@ -143,6 +143,10 @@ struct PlannerOptions : PlannerTuning {
   /// Evictions the score must not choose: at its place, the listed value is passed over
   /// (search_evictions makes a plan's choices again with one of them avoided).
   const std::vector<ChosenEviction>* avoid = nullptr;
+  /// Planning gives up (feasible = false) once its work (RecomputePlan::work) passes this;
+  /// 0: no limit. A bound on the cost of a plan that does not read a clock, so the same
+  /// tables always give the same answer. Execution ignores it.
+  size_t max_work = 0;
 
   PlannerOptions() = default;
   /// Options for `budget` bytes chosen with `tuning`, following and avoiding nothing.
@@ -165,6 +169,11 @@ struct RecomputePlan {
   size_t evicted_bytes = 0;  ///< Σ bytes of evicted values.
   /// The evictions made to make room (not those of checkpoint regions), in order.
   std::vector<ChosenEviction> chosen;
+  /// Kernels visited while pricing rebuilds of eviction candidates: what planning cost,
+  /// counted without a clock. A step that thrashes near its floor visits thousands per
+  /// kernel; one with room to spare, a few.
+  size_t work = 0;
+  bool over_work = false;  ///< Infeasible because max_work was reached.
 };
 
 /// Where an executing plan's actions happen: the executor runs kernels and releases buffers

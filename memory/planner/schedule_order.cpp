@@ -227,4 +227,42 @@ OrderChoice choose_schedule_order(const StepGraph& graph, const PlannerOptions& 
   return best;
 }
 
+OrderChoice race_schedule_orders(const StepGraph& graph, const PlannerOptions& options,
+                                 size_t fixed_tail, size_t work_per_kernel) {
+  PlannerOptions limited = options;
+  limited.max_work = std::max<size_t>(work_per_kernel * graph.kernels.size(), 1);
+  // How far a plan got: the kernels it ran (all of them when it finished).
+  auto reached = [](const RecomputePlan& plan) {
+    return std::count_if(plan.actions.begin(), plan.actions.end(),
+                         [](const PlanAction& a) { return a.kind == PlanAction::Kind::Run; });
+  };
+  OrderChoice best;
+  bool have = false;
+  for (ScheduleOrder order : all_orders()) {
+    std::vector<int> perm = schedule_order(graph, order, fixed_tail);
+    RecomputePlan plan =
+        simulate_step(order == ScheduleOrder::Given ? graph : reorder_to_run(graph, perm), limited);
+    bool better;
+    if (!have) {
+      better = true;
+    } else if (plan.feasible != best.plan.feasible) {
+      better = plan.feasible;
+    } else if (plan.feasible) {  // as choose_schedule_order; ties to the earlier order
+      better = options.budget > 0
+                   ? plan.extra_cost < best.plan.extra_cost ||
+                         (plan.extra_cost == best.plan.extra_cost && plan.peak < best.plan.peak)
+                   : plan.peak < best.plan.peak;
+    } else {
+      const auto a = reached(plan), b = reached(best.plan);
+      better = a > b || (a == b && plan.extra_cost < best.plan.extra_cost);
+    }
+    if (better) best = {order, std::move(perm), std::move(plan)}, have = true;
+    // A finished plan bounds the others' recomputation, as in choose_schedule_order.
+    if (options.budget > 0 && best.plan.feasible && best.plan.base_cost > 0)
+      limited.max_extra_cost =
+          std::min(limited.max_extra_cost, best.plan.extra_cost / best.plan.base_cost);
+  }
+  return best;
+}
+
 }  // namespace kiln::memory

@@ -60,4 +60,17 @@ OrderChoice choose_schedule_order(const StepGraph& graph, const PlannerOptions& 
                                   size_t fixed_tail,
                                   ScheduleOrder try_first = ScheduleOrder::Given);
 
+/// A cheap stand-in for choose_schedule_order, for a step planned with estimated costs that
+/// will choose again once its costs settle: every order is planned with at most
+/// `work_per_kernel` × kernels of work (PlannerOptions::max_work). Of the orders whose plan
+/// finished, the one choose_schedule_order would keep; when none finished, the one that got
+/// furthest into the step before its limit (then the least recomputation so far). Near the
+/// floor the orders that thrash each cost seconds to plan in full (the benchmark LSTM's
+/// first step spent 1.8-5.7 s choosing the order that a few milliseconds of each show).
+/// Each order is planned as a step runs it (reorder_to_run; the given order as given), so
+/// `plan`, when feasible, is the plan of the winner's tables; infeasible when it did not
+/// finish.
+OrderChoice race_schedule_orders(const StepGraph& graph, const PlannerOptions& options,
+                                 size_t fixed_tail, size_t work_per_kernel);
+
 }  // namespace kiln::memory
