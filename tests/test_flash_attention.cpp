@@ -104,6 +104,25 @@ Tensor bool_mask(const Shape& shape, uint64_t seed, int keep_first_keys) {
   return logical_or(r, first);
 }
 
+// Flash and the composed path in float32 against the composed path in float64, and flash
+// in float64 against it, for each named problem.
+void check_against_references(const std::vector<std::pair<std::string, Problem>>& problems) {
+  for (const auto& [name, p] : problems) {
+    INFO(name);
+    const Attention flash = attend(p, SDPBackend::Flash, DType::Float32);
+    const Attention math = attend(p, SDPBackend::Math, DType::Float32);
+    const Attention ref = attend(p, SDPBackend::Math, DType::Float64);
+    const Attention flash64 = attend(p, SDPBackend::Flash, DType::Float64);
+    // float32 rounding: both float32 paths within 1e-5 + 1e-4 |x| of float64 (each value is
+    // a sum of at most a few hundred products of N(0, 1) values).
+    check_close(flash, ref, 1e-5, 1e-4);
+    check_close(math, ref, 1e-5, 1e-4);
+    check_close(flash, math, 2e-5, 2e-4);
+    // float64 flash against the float64 composed path: only the summation order differs.
+    check_close(flash64, ref, 1e-12, 1e-10);
+  }
+}
+
 }  // namespace
 
 TEST_CASE("flash attention matches the composed path and a float64 reference",
@@ -127,20 +146,7 @@ TEST_CASE("flash attention matches the composed path and a float64 reference",
         false,
         {}}},
   };
-  for (auto& [name, p] : problems) {
-    INFO(name);
-    const Attention flash = attend(p, SDPBackend::Flash, DType::Float32);
-    const Attention math = attend(p, SDPBackend::Math, DType::Float32);
-    const Attention ref = attend(p, SDPBackend::Math, DType::Float64);
-    const Attention flash64 = attend(p, SDPBackend::Flash, DType::Float64);
-    // float32 rounding: both float32 paths within 1e-5 + 1e-4 |x| of float64 (each value is
-    // a sum of at most a few hundred products of N(0, 1) values).
-    check_close(flash, ref, 1e-5, 1e-4);
-    check_close(math, ref, 1e-5, 1e-4);
-    check_close(flash, math, 2e-5, 2e-4);
-    // float64 flash against the float64 composed path: only the summation order differs.
-    check_close(flash64, ref, 1e-12, 1e-10);
-  }
+  check_against_references(problems);
 }
 
 TEST_CASE("flash attention's tiles and key chunks meet at their edges", "[flash_attention]") {
@@ -158,16 +164,7 @@ TEST_CASE("flash attention's tiles and key chunks meet at their edges", "[flash_
       {"bool key padding causal L 129 S 257",
        {{2, 129, 8}, {2, 257, 8}, {2, 257, 8}, bool_mask({2, 1, 257}, 5, 1), true, {}}},
   };
-  for (auto& [name, p] : problems) {
-    INFO(name);
-    const Attention flash = attend(p, SDPBackend::Flash, DType::Float32);
-    const Attention math = attend(p, SDPBackend::Math, DType::Float32);
-    const Attention ref = attend(p, SDPBackend::Math, DType::Float64);
-    const Attention flash64 = attend(p, SDPBackend::Flash, DType::Float64);
-    check_close(flash, ref, 1e-5, 1e-4);
-    check_close(flash, math, 2e-5, 2e-4);
-    check_close(flash64, ref, 1e-12, 1e-10);
-  }
+  check_against_references(problems);
 }
 
 TEST_CASE("flash attention serves bfloat16 and float16 through float32", "[flash_attention]") {

@@ -77,6 +77,23 @@ std::vector<std::vector<int64_t>> offsets_for(const StepGraph& graph,
   return offsets;
 }
 
+// `plan`, made with `policy` for `target` bytes, with its arena placed (thoroughly or not)
+// and whether the pool's reserve for it holds within `budget`.
+ArenaFit with_arena(const StepGraph& graph, RecomputePlan plan, const PlannerTuning& policy,
+                    size_t budget, size_t target, const std::vector<size_t>& bytes, bool thorough,
+                    const PoolReserve& pool) {
+  ArenaFit fit;
+  fit.plan = std::move(plan);
+  fit.policy = policy;
+  fit.budget = budget;
+  fit.planned_for = target;
+  if (!fit.plan.feasible) return fit;
+  fit.arena = plan_arena(graph, fit.plan.actions, bytes, thorough);
+  fit.reserved = pool.reserved(fit.arena);
+  fit.holds = fit.reserved <= budget;
+  return fit;
+}
+
 // Keeps in the arena's gaps what fits there: the plan then runs against the whole budget,
 // which its reserve already keeps.
 ArenaFit keep_in_gaps(const StepGraph& graph, ArenaFit fit, const std::vector<size_t>& bytes,
@@ -141,16 +158,8 @@ ArenaFit fit_once(const StepGraph& graph, const PlannerOptions& options,
     PlannerOptions at = options;
     PlannerTuning policy;
     at.budget = target;
-    ArenaFit fit;
-    fit.plan = plan_once(graph, at, best_of, &policy);
-    fit.policy = policy;
-    fit.budget = budget;
-    fit.planned_for = target;
-    if (!fit.plan.feasible) return fit;
-    fit.arena = plan_arena(graph, fit.plan.actions, bytes, best_of);
-    fit.reserved = pool.reserved(fit.arena);
-    fit.holds = fit.reserved <= budget;
-    return fit;
+    RecomputePlan plan = plan_once(graph, at, best_of, &policy);
+    return with_arena(graph, std::move(plan), policy, budget, target, bytes, best_of, pool);
   };
   ArenaFit whole = plan_for(budget, true);
   if (!whole.plan.feasible || whole.holds)
@@ -230,16 +239,7 @@ ArenaFit fit_quickly(const StepGraph& graph, const PlannerOptions& options,
                      const RecomputePlan* whole_plan) {
   const size_t budget = options.budget;
   auto fitted = [&](RecomputePlan plan, size_t target) {
-    ArenaFit fit;
-    fit.plan = std::move(plan);
-    fit.policy = options;
-    fit.budget = budget;
-    fit.planned_for = target;
-    if (!fit.plan.feasible) return fit;
-    fit.arena = plan_arena(graph, fit.plan.actions, bytes, false);
-    fit.reserved = pool.reserved(fit.arena);
-    fit.holds = fit.reserved <= budget;
-    return fit;
+    return with_arena(graph, std::move(plan), options, budget, target, bytes, false, pool);
   };
   ArenaFit whole = fitted(whole_plan ? *whole_plan : simulate_step(graph, options), budget);
   if (!whole.plan.feasible || whole.holds) return whole;
