@@ -18,6 +18,7 @@
 #include "../memory/reports/plan_report.h"
 #include "../memory/reports/step_graph_file.h"
 #include "../memory/reports/step_record.h"
+#include "kernel_ir.h"
 
 namespace kiln::jit {
 namespace {
@@ -381,7 +382,10 @@ class JitMachine final : public memory::StepMachine {
     ++runs_[static_cast<size_t>(k)];
     const double start = us();
     try {
-      run_(fused ? *fused : g);
+      if (fused)
+        run_inlined(*fused, g, inlined);
+      else
+        run_(g);
     } catch (...) {
       if (reused || placed) g.root->buffer.reset();
       throw;
@@ -404,6 +408,33 @@ class JitMachine final : public memory::StepMachine {
       events_.push_back({recompute ? StepEvent::Kind::Recompute : StepEvent::Kind::Run, k,
                          pk.output, graph_.values[static_cast<size_t>(pk.output)].bytes,
                          pool_.allocated(), reused || (donor != nullptr), start, us()});
+  }
+
+  // Runs `fused` (kernel `g` with the kernels `inlined` inside it). Should lowering refuse
+  // the merged group (a row stage it cannot place), the inlined kernels run on their own
+  // first, into buffers released once `g` has read them: more memory for one kernel, the
+  // same results.
+  void run_inlined(const FusionGroup& fused, const FusionGroup& g,
+                   const std::vector<int>& inlined) {
+    try {
+      run_(fused);
+      return;
+    } catch (const RowsUnsupported&) {
+    }
+    std::vector<Node*> made;
+    try {
+      for (int p : inlined) {
+        const FusionGroup& producer = *groups_[static_cast<size_t>(p)];
+        if (producer.root->buffer) continue;
+        run_(producer);
+        made.push_back(producer.root);
+      }
+      run_(g);
+    } catch (...) {
+      for (Node* n : made) n->buffer.reset();
+      throw;
+    }
+    for (Node* n : made) n->buffer.reset();
   }
 
   // Kernel k's group with the kernels `inlined` computed inside it (a fused rebuild): their
